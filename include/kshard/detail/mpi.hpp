@@ -1,0 +1,134 @@
+#pragma once
+
+// The thin layer between kshard and MPI: return-code checks, datatypes, an owning
+// communicator handle and the collective agreement on errors. Algorithms call these, never
+// MPI directly.
+
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <climits>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kshard/error.hpp"
+
+namespace kshard::detail {
+
+inline void check_mpi(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(rc, text, &length);
+  throw error(fmt::format("kshard: {} failed: {}", call, std::string(text, length)));
+}
+
+template <class T>
+MPI_Datatype mpi_datatype() {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, float>)
+    return MPI_FLOAT;
+  else if constexpr (std::is_same_v<U, double>)
+    return MPI_DOUBLE;
+  else if constexpr (std::is_same_v<U, std::int32_t>)
+    return MPI_INT32_T;
+  else if constexpr (std::is_same_v<U, std::int64_t>)
+    return MPI_INT64_T;
+  else if constexpr (std::is_same_v<U, std::uint64_t>)
+    return MPI_UINT64_T;
+  else if constexpr (std::is_same_v<U, char>)
+    return MPI_CHAR;
+  else
+    static_assert(sizeof(U) == 0, "kshard: no MPI datatype for this element type");
+}
+
+inline int comm_rank(MPI_Comm comm) {
+  int rank = 0;
+  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  return rank;
+}
+
+inline int comm_size(MPI_Comm comm) {
+  int size = 0;
+  check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  return size;
+}
+
+// Owns an MPI communicator and frees it exactly once, when the last copy goes (and only
+// while MPI is still alive, so a handle outliving MPI_Finalize is harmless).
+class Communicator {
+ public:
+  Communicator() = default;
+  static Communicator adopt(MPI_Comm comm) { return Communicator(comm); }
+  static Communicator duplicate(MPI_Comm comm) {
+    MPI_Comm copy = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_dup(comm, &copy), "MPI_Comm_dup");
+    return Communicator(copy);
+  }
+  [[nodiscard]] MPI_Comm get() const { return handle_ ? *handle_ : MPI_COMM_NULL; }
+
+ private:
+  struct Free {
+    void operator()(MPI_Comm* comm) const {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized && *comm != MPI_COMM_NULL) MPI_Comm_free(comm);
+      delete comm;
+    }
+  };
+  explicit Communicator(MPI_Comm comm) : handle_(new MPI_Comm(comm), Free{}) {}
+  std::shared_ptr<MPI_Comm> handle_;
+};
+
+// Every rank learns whether any rank found a problem; all throw the message of the lowest
+// failing rank. One collective when all is well, three when not. Call it before mutating.
+inline void agree(MPI_Comm comm, const std::optional<std::string>& local_problem) {
+  const int size = comm_size(comm);
+  const int mine = local_problem ? comm_rank(comm) : size;
+  int first = size;
+  check_mpi(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
+  if (first == size) return;
+  std::string message = local_problem && mine == first ? *local_problem : std::string();
+  int length = static_cast<int>(message.size());
+  check_mpi(MPI_Bcast(&length, 1, MPI_INT, first, comm), "MPI_Bcast");
+  message.resize(static_cast<std::size_t>(length));
+  check_mpi(MPI_Bcast(message.data(), length, MPI_CHAR, first, comm), "MPI_Bcast");
+  throw error(message);
+}
+
+// True on every rank when `values` (each > INT64_MIN) is the same on every rank: one
+// MAX reduction of the values and their negations gives both the maximum and the minimum.
+inline bool same_on_all_ranks(MPI_Comm comm, const std::vector<std::int64_t>& values) {
+  std::vector<std::int64_t> both;
+  both.reserve(2 * values.size());
+  for (std::int64_t v : values) both.push_back(v);
+  for (std::int64_t v : values) both.push_back(-v);
+  std::vector<std::int64_t> max(both.size());
+  check_mpi(MPI_Allreduce(both.data(), max.data(), static_cast<int>(both.size()), MPI_INT64_T,
+                          MPI_MAX, comm),
+            "MPI_Allreduce");
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (max[i] != -max[values.size() + i]) return false;
+  return true;
+}
+
+// MPI counts are int: refuse, rather than truncate, a message longer than INT_MAX elements.
+inline int mpi_count(std::int64_t count, const char* what) {
+  if (count > INT_MAX)
+    throw error(fmt::format("kshard: {} needs {} elements in one MPI message; the limit is {}",
+                            what, count, INT_MAX));
+  return static_cast<int>(count);
+}
+
+}  // namespace kshard::detail

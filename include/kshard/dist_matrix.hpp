@@ -1,0 +1,150 @@
+#pragma once
+
+/// \file
+/// `DistMatrix`: a matrix distributed over a `Mesh` by a `Layout`, holding this rank's shard
+/// as a Kokkos view.
+
+#include <Kokkos_Core.hpp>
+
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kshard/detail/mpi.hpp"
+#include "kshard/error.hpp"
+#include "kshard/layout_mapping.hpp"
+#include "kshard/mesh.hpp"
+#include "kshard/placement.hpp"
+
+namespace kshard {
+
+template <class L>
+inline constexpr bool is_layout_v = false;
+template <class... Ps>
+inline constexpr bool is_layout_v<Layout<Ps...>> = true;
+
+/// A `rows x cols` matrix of `T` distributed over a mesh by layout `L`. The local shard is a
+/// row-major `Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>`; kernels over it run on
+/// `ExecSpace`. Copies share the local view (like Kokkos views) and the mesh.
+template <class T, class L, class ExecSpace = Kokkos::DefaultExecutionSpace,
+          class MemSpace = typename ExecSpace::memory_space>
+class DistMatrix {
+  static_assert(is_layout_v<L>,
+                "kshard::DistMatrix<T, L, ...>: L must be a kshard::Layout<placements...>");
+  static_assert(L::max_tensor_dim < 2,
+                "kshard::DistMatrix: a placement shards a tensor dimension >= 2, but a matrix "
+                "only has dimensions 0 (rows) and 1 (cols)");
+  static_assert(Kokkos::is_execution_space<ExecSpace>::value,
+                "kshard::DistMatrix: ExecSpace must be a Kokkos execution space");
+  static_assert(Kokkos::is_memory_space<MemSpace>::value,
+                "kshard::DistMatrix: MemSpace must be a Kokkos memory space");
+  static_assert(Kokkos::SpaceAccessibility<ExecSpace, MemSpace>::accessible,
+                "kshard::DistMatrix: ExecSpace cannot access MemSpace; pick a memory space "
+                "the execution space can read");
+  static_assert(std::is_trivially_copyable_v<T> && !std::is_const_v<T>,
+                "kshard::DistMatrix: T must be a non-const trivially copyable element type");
+
+ public:
+  using value_type = T;
+  using layout_type = L;
+  using execution_space = ExecSpace;
+  using memory_space = MemSpace;
+  static constexpr std::size_t mesh_rank = L::rank;
+  using mesh_type = Mesh<mesh_rank>;
+  using mapping_type = LayoutMapping<mesh_rank>;
+  using view_type = Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>;
+
+  /// Allocates a zero-filled local shard. Collective over the mesh: every rank throws the
+  /// same `kshard::error` for negative extents, split factors < 1, or ranks that disagree on
+  /// the global shape or the layout.
+  template <std::size_t M>
+  DistMatrix(const Mesh<M>& mesh, const L& layout, index_t rows, index_t cols,
+             const std::string& label = "kshard::DistMatrix")
+      : DistMatrix(mesh, layout, rows, cols, std::nullopt, label) {}
+
+  /// Wraps an existing local view, whose extents must equal this rank's shard. Collective,
+  /// with the errors above plus a wrong local shape (named with the expected one).
+  template <std::size_t M>
+  DistMatrix(const Mesh<M>& mesh, const L& layout, index_t rows, index_t cols, view_type local)
+      : DistMatrix(mesh, layout, rows, cols, std::optional<view_type>(std::move(local)), "") {}
+
+  /// The mesh the matrix is distributed over.
+  [[nodiscard]] const mesh_type& mesh() const { return mesh_; }
+  /// The layout: one placement per mesh dimension.
+  [[nodiscard]] const L& layout() const { return layout_; }
+  /// Global number of rows.
+  [[nodiscard]] index_t rows() const { return mapping_.rows.global_extent(); }
+  /// Global number of columns.
+  [[nodiscard]] index_t cols() const { return mapping_.cols.global_extent(); }
+  /// Global extent of tensor dimension `d`.
+  [[nodiscard]] index_t extent(int d) const { return mapping_.axis(d).global_extent(); }
+  /// This rank's mapping (device-callable maps; copy it into kernels by value).
+  [[nodiscard]] const mapping_type& mapping() const { return mapping_; }
+  /// The mapping of the rank at mesh coordinates `coords` (no communication).
+  [[nodiscard]] mapping_type mapping_of(const std::array<int, mesh_rank>& coords) const {
+    return map_layout(layout_.actions(), mesh_.shape(), coords, rows(), cols());
+  }
+  /// This rank's shard (for a Partial layout: this rank's addend).
+  [[nodiscard]] const view_type& local() const { return local_; }
+
+ private:
+  template <std::size_t M>
+  DistMatrix(const Mesh<M>& mesh, const L& layout, index_t rows, index_t cols,
+             std::optional<view_type> wrapped, const std::string& label)
+      : mesh_(mesh), layout_(layout) {
+    static_assert(M == mesh_rank,
+                  "kshard::DistMatrix: the layout needs one placement per mesh dimension, "
+                  "but its length differs from the mesh rank");
+    detail::agree(mesh.comm(), validate(rows, cols, wrapped));
+    mapping_ = map_layout(layout_.actions(), mesh_.shape(), mesh_.coords(), rows, cols);
+    if (wrapped) {
+      local_ = std::move(*wrapped);
+    } else {
+      local_ = view_type(label, static_cast<std::size_t>(mapping_.rows.local_extent()),
+                         static_cast<std::size_t>(mapping_.cols.local_extent()));
+    }
+  }
+
+  std::optional<std::string> validate(index_t rows, index_t cols,
+                                      const std::optional<view_type>& wrapped) const {
+    const auto actions = layout_.actions();
+    std::vector<std::int64_t> global{rows, cols};
+    for (const MeshDimAction& a : actions) global.push_back(a.split_factor);
+    if (!detail::same_on_all_ranks(mesh_.comm(), global))
+      return fmt::format(
+          "kshard: DistMatrix shape or split factors differ between ranks (this rank: {} x {})",
+          rows, cols);
+    if (rows < 0 || cols < 0)
+      return fmt::format("kshard: DistMatrix extents must be >= 0, got {} x {}", rows, cols);
+    for (std::size_t m = 0; m < mesh_rank; ++m)
+      if (actions[m].split_factor < 1)
+        return fmt::format(
+            "kshard: StridedShard on mesh dimension {} ('{}') has split factor {}; it must be "
+            ">= 1",
+            m, mesh_.names()[m], actions[m].split_factor);
+    if (wrapped) {
+      const mapping_type mine = map_layout(actions, mesh_.shape(), mesh_.coords(), rows, cols);
+      const auto got_rows = static_cast<index_t>(wrapped->extent(0));
+      const auto got_cols = static_cast<index_t>(wrapped->extent(1));
+      if (got_rows != mine.rows.local_extent() || got_cols != mine.cols.local_extent())
+        return fmt::format(
+            "kshard: wrapped local view on rank {} is {} x {}, but the layout gives this rank "
+            "a {} x {} shard of the {} x {} matrix",
+            mesh_.my_rank(), got_rows, got_cols, mine.rows.local_extent(), mine.cols.local_extent(),
+            rows, cols);
+    }
+    return std::nullopt;
+  }
+
+  mesh_type mesh_;
+  L layout_;
+  mapping_type mapping_{};
+  view_type local_;
+};
+
+}  // namespace kshard

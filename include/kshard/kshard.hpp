@@ -1,0 +1,13 @@
+#pragma once
+
+/// \file
+/// The whole of kshard: `#include <kshard/kshard.hpp>`.
+
+#include "kshard/dist_matrix.hpp"
+#include "kshard/distribute.hpp"
+#include "kshard/error.hpp"
+#include "kshard/format.hpp"
+#include "kshard/index.hpp"
+#include "kshard/layout_mapping.hpp"
+#include "kshard/mesh.hpp"
+#include "kshard/placement.hpp"

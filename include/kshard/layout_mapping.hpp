@@ -1,0 +1,133 @@
+#pragma once
+
+/// \file
+/// Where each rank's shard lives in the global matrix: extents, offsets, owned runs and
+/// local <-> global index maps. Pure arithmetic on global data: any rank can compute any
+/// other rank's mapping without communicating, and the maps are usable in device kernels.
+
+#include <array>
+#include <cstddef>
+#include <vector>
+
+#include "kshard/detail/split_level.hpp"
+#include "kshard/index.hpp"
+#include "kshard/placement.hpp"
+
+namespace kshard {
+
+/// The map of one tensor axis for one mesh coordinate: the composition of the splits of
+/// every mesh dimension that shards the axis, outermost first. Trivially copyable, no
+/// allocation; every query is O(number of splits).
+template <std::size_t MaxSplits>
+class AxisMap {
+ public:
+  constexpr AxisMap() = default;
+  KSHARD_HOST_DEVICE constexpr explicit AxisMap(index_t global_extent)
+      : global_extent_(global_extent), local_extent_(global_extent) {}
+
+  /// Splits the current local extent once more (called once per sharding mesh dimension).
+  KSHARD_FUNCTION void add_split(index_t pieces, index_t ranks, index_t coord) {
+    splits_[num_splits_] = detail::SplitLevel::make(local_extent_, pieces, ranks, coord);
+    local_extent_ = splits_[num_splits_].local_extent();
+    ++num_splits_;
+  }
+
+  /// Extent of the whole axis.
+  [[nodiscard]] KSHARD_FUNCTION index_t global_extent() const { return global_extent_; }
+  /// Extent held by this coordinate.
+  [[nodiscard]] KSHARD_FUNCTION index_t local_extent() const { return local_extent_; }
+  /// Number of mesh dimensions that split this axis.
+  [[nodiscard]] KSHARD_FUNCTION std::size_t num_splits() const { return num_splits_; }
+
+  /// Global index of local index `local`, or `invalid_index` when out of range.
+  [[nodiscard]] KSHARD_FUNCTION index_t to_global(index_t local) const {
+    if (local < 0 || local >= local_extent_) return invalid_index;
+    for (std::size_t j = num_splits_; j-- > 0;) local = splits_[j].to_parent(local);
+    return local;
+  }
+
+  /// Local index of global index `global` (negative indices are not wrapped), or
+  /// `invalid_index` when this coordinate does not hold it.
+  [[nodiscard]] KSHARD_FUNCTION index_t to_local(index_t global) const {
+    if (global < 0 || global >= global_extent_) return invalid_index;
+    for (std::size_t j = 0; j < num_splits_ && global != invalid_index; ++j)
+      global = splits_[j].from_parent(global);
+    return global;
+  }
+
+  /// True when this coordinate holds global index `global`.
+  [[nodiscard]] KSHARD_FUNCTION bool is_local(index_t global) const {
+    return to_local(global) != invalid_index;
+  }
+
+  /// Number of local indices from `local` (in range) on whose global indices are consecutive.
+  [[nodiscard]] KSHARD_FUNCTION index_t run_length(index_t local) const {
+    index_t length = local_extent_ - local;
+    for (std::size_t j = num_splits_; j-- > 0;) {
+      const index_t here = splits_[j].run_remaining(local);
+      length = here < length ? here : length;
+      local = splits_[j].to_parent(local);
+    }
+    return length;
+  }
+
+  /// True when the local indices are one run of consecutive global indices (or none).
+  [[nodiscard]] KSHARD_FUNCTION bool is_contiguous() const {
+    return local_extent_ == 0 || run_length(0) == local_extent_;
+  }
+
+  /// Global index of the first local index; the global extent for an empty shard, so that
+  /// `[global_offset(), global_offset() + local_extent())` is always a valid empty range.
+  [[nodiscard]] KSHARD_FUNCTION index_t global_offset() const {
+    return local_extent_ == 0 ? global_extent_ : to_global(0);
+  }
+
+  /// The owned global indices as maximal runs, in increasing (= local) order. Host only.
+  [[nodiscard]] std::vector<IndexRun> runs() const {
+    std::vector<IndexRun> result;
+    for (index_t local = 0; local < local_extent_;) {
+      const index_t length = run_length(local);
+      result.push_back({to_global(local), local, length});
+      local += length;
+    }
+    return result;
+  }
+
+ private:
+  index_t global_extent_ = 0;
+  index_t local_extent_ = 0;
+  std::size_t num_splits_ = 0;
+  detail::SplitLevel splits_[MaxSplits > 0 ? MaxSplits : 1] = {};
+};
+
+/// One rank's view of a 2-D layout on an N-D mesh: an `AxisMap` for rows and one for columns.
+template <std::size_t N>
+struct LayoutMapping {
+  AxisMap<N> rows;  ///< map of tensor dimension 0
+  AxisMap<N> cols;  ///< map of tensor dimension 1
+
+  /// The map of tensor dimension `d` (0 = rows, 1 = columns).
+  [[nodiscard]] KSHARD_FUNCTION const AxisMap<N>& axis(int d) const { return d == 0 ? rows : cols; }
+  /// Number of local elements.
+  [[nodiscard]] KSHARD_FUNCTION index_t local_size() const {
+    return rows.local_extent() * cols.local_extent();
+  }
+};
+
+/// The mapping of a `rows x cols` matrix for mesh coordinate `coord` on a mesh of `shape`,
+/// where mesh dimension m acts as `actions[m]`. Split factors must be > 0 (matrices check).
+template <std::size_t N>
+KSHARD_FUNCTION LayoutMapping<N> map_layout(const std::array<MeshDimAction, N>& actions,
+                                            const std::array<int, N>& shape,
+                                            const std::array<int, N>& coord, index_t rows,
+                                            index_t cols) {
+  LayoutMapping<N> mapping{AxisMap<N>(rows), AxisMap<N>(cols)};
+  for (std::size_t m = 0; m < N; ++m) {
+    const MeshDimAction& a = actions[m];
+    if (a.tensor_dim == 0) mapping.rows.add_split(a.split_factor, shape[m], coord[m]);
+    if (a.tensor_dim == 1) mapping.cols.add_split(a.split_factor, shape[m], coord[m]);
+  }
+  return mapping;
+}
+
+}  // namespace kshard

@@ -1,0 +1,150 @@
+#pragma once
+
+/// \file
+/// `Mesh<N>`: an N-dimensional grid of MPI ranks with named dimensions and one
+/// sub-communicator per dimension.
+
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kshard/detail/mpi.hpp"
+#include "kshard/error.hpp"
+
+namespace kshard {
+
+/// An N-D grid over an MPI communicator, row-major (the last dimension varies fastest, as
+/// in `torch.distributed.DeviceMesh`). Copies share the communicators, which are created
+/// once by the constructor (collective) and freed once, when the last copy is destroyed.
+template <std::size_t N>
+class Mesh {
+  static_assert(N >= 1, "kshard::Mesh<N>: a mesh needs at least one dimension");
+
+ public:
+  /// Builds the mesh collectively over `comm` (which is duplicated). Every rank throws the
+  /// same `kshard::error` when the shape's product is not the communicator size, an extent
+  /// is < 1, names repeat, or the ranks disagree on the shape.
+  Mesh(MPI_Comm comm, const std::array<int, N>& shape, const std::array<std::string, N>& names)
+      : state_(std::make_shared<State>()) {
+    State& s = *state_;
+    s.shape = shape;
+    s.names = names;
+    s.size = detail::comm_size(comm);
+    s.rank = detail::comm_rank(comm);
+    detail::agree(comm, validate(comm, shape, names, s.size));
+    s.comm = detail::Communicator::duplicate(comm);
+    s.coords = coords_of(s.rank);
+    for (std::size_t m = 0; m < N; ++m) {
+      // Ranks that differ only in coordinate m share a colour: the linear index of the others.
+      int colour = 0;
+      for (std::size_t j = 0; j < N; ++j)
+        if (j != m) colour = colour * shape[j] + s.coords[j];
+      MPI_Comm sub = MPI_COMM_NULL;
+      detail::check_mpi(MPI_Comm_split(s.comm.get(), colour, s.coords[m], &sub), "MPI_Comm_split");
+      s.dim_comms[m] = detail::Communicator::adopt(sub);
+    }
+  }
+
+  /// Builds the mesh with default dimension names "d0", "d1", ...
+  Mesh(MPI_Comm comm, const std::array<int, N>& shape) : Mesh(comm, shape, default_names()) {}
+
+  /// Number of mesh dimensions.
+  static constexpr std::size_t rank() { return N; }
+  /// Extent of every mesh dimension.
+  [[nodiscard]] const std::array<int, N>& shape() const { return state_->shape; }
+  /// Extent of mesh dimension `m`.
+  [[nodiscard]] int extent(std::size_t m) const { return state_->shape[m]; }
+  /// Names of the mesh dimensions.
+  [[nodiscard]] const std::array<std::string, N>& names() const { return state_->names; }
+  /// Number of ranks in the mesh.
+  [[nodiscard]] int size() const { return state_->size; }
+  /// This process's rank in `comm()`.
+  [[nodiscard]] int my_rank() const { return state_->rank; }
+  /// This process's mesh coordinates.
+  [[nodiscard]] const std::array<int, N>& coords() const { return state_->coords; }
+  /// The mesh's own communicator (a duplicate of the one given).
+  [[nodiscard]] MPI_Comm comm() const { return state_->comm.get(); }
+  /// The ranks that differ from this one only in coordinate `m`, ranked by that coordinate.
+  [[nodiscard]] MPI_Comm dim_comm(std::size_t m) const { return state_->dim_comms[m].get(); }
+
+  /// Index of the dimension called `name`; throws `kshard::error` when there is none.
+  [[nodiscard]] std::size_t dim(std::string_view name) const {
+    for (std::size_t m = 0; m < N; ++m)
+      if (state_->names[m] == name) return m;
+    throw error(fmt::format("kshard: mesh has no dimension named '{}' (it has {})", name,
+                            fmt::join(state_->names, ", ")));
+  }
+
+  /// Coordinates of `rank` (row-major).
+  [[nodiscard]] std::array<int, N> coords_of(int rank) const {
+    std::array<int, N> c{};
+    for (std::size_t m = N; m-- > 0;) {
+      c[m] = rank % state_->shape[m];
+      rank /= state_->shape[m];
+    }
+    return c;
+  }
+
+  /// Rank at coordinates `c` (row-major).
+  [[nodiscard]] int rank_of(const std::array<int, N>& c) const {
+    int rank = 0;
+    for (std::size_t m = 0; m < N; ++m) rank = rank * state_->shape[m] + c[m];
+    return rank;
+  }
+
+  /// Two meshes are the same when they share their communicators (copies of one mesh).
+  friend bool operator==(const Mesh& a, const Mesh& b) { return a.state_ == b.state_; }
+
+ private:
+  struct State {
+    std::array<int, N> shape{};
+    std::array<std::string, N> names{};
+    int size = 0;
+    int rank = 0;
+    std::array<int, N> coords{};
+    detail::Communicator comm;
+    std::array<detail::Communicator, N> dim_comms{};
+  };
+
+  static std::array<std::string, N> default_names() {
+    std::array<std::string, N> names;
+    for (std::size_t m = 0; m < N; ++m) names[m] = fmt::format("d{}", m);
+    return names;
+  }
+
+  static std::optional<std::string> validate(MPI_Comm comm, const std::array<int, N>& shape,
+                                             const std::array<std::string, N>& names, int size) {
+    std::vector<std::int64_t> global(shape.begin(), shape.end());
+    if (!detail::same_on_all_ranks(comm, global))
+      return fmt::format("kshard: mesh shape ({}) differs between ranks", fmt::join(shape, ", "));
+    std::int64_t product = 1;
+    for (std::size_t m = 0; m < N; ++m) {
+      if (shape[m] < 1)
+        return fmt::format("kshard: mesh dimension {} ('{}') has extent {}; it must be >= 1", m,
+                           names[m], shape[m]);
+      product *= shape[m];
+      for (std::size_t j = 0; j < m; ++j)
+        if (names[j] == names[m])
+          return fmt::format("kshard: mesh dimension name '{}' is used twice", names[m]);
+    }
+    if (product != size)
+      return fmt::format("kshard: mesh shape ({}) holds {} ranks but the communicator has {}",
+                         fmt::join(shape, ", "), product, size);
+    return std::nullopt;
+  }
+
+  std::shared_ptr<State> state_;
+};
+
+template <std::size_t N>
+Mesh(MPI_Comm, const int (&)[N]) -> Mesh<N>;
+template <std::size_t N>
+Mesh(MPI_Comm, const int (&)[N], const char* const (&)[N]) -> Mesh<N>;
+
+}  // namespace kshard

@@ -1,0 +1,156 @@
+#pragma once
+
+/// \file
+/// Placements (how one mesh dimension holds a tensor) and layouts (one placement per mesh
+/// dimension). Both are small value types; a layout is part of a matrix's type, so misuse is
+/// a compile error.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+
+#include "kshard/index.hpp"
+
+namespace kshard {
+
+/// What a placement does along its mesh dimension.
+enum class PlacementKind { replicate, shard, strided_shard, partial };
+
+/// The reduction a `Partial` placement is pending.
+enum class ReduceOp { sum, max, min, avg };
+
+/// Lower-case name of a reduction, as printed by the formatters ("sum", "max", ...).
+constexpr std::string_view to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
+    case ReduceOp::avg:
+      return "avg";
+  }
+  return "?";
+}
+
+/// Every rank along the mesh dimension holds the whole extent.
+struct Replicate {
+  static constexpr PlacementKind kind = PlacementKind::replicate;
+  static constexpr int tensor_dim = -1;
+  [[nodiscard]] static constexpr index_t split_factor() { return 1; }
+  friend constexpr bool operator==(Replicate, Replicate) { return true; }
+};
+
+/// Tensor dimension `D` is split across the mesh dimension by the torch.chunk rule.
+template <int D>
+struct Shard {
+  static_assert(D >= 0, "kshard::Shard<D>: the tensor dimension D must be >= 0");
+  static constexpr PlacementKind kind = PlacementKind::shard;
+  static constexpr int tensor_dim = D;
+  [[nodiscard]] static constexpr index_t split_factor() { return 1; }
+  friend constexpr bool operator==(Shard, Shard) { return true; }
+};
+
+/// FSDP2's right-to-left sharding: the extent is chunked into `split_factor` pieces, each piece
+/// into one sub-piece per rank, and a rank holds its sub-piece of every piece. `Shard<D>` is
+/// the case `split_factor == 1`. The factor must be > 0; matrices check it collectively.
+template <int D>
+struct StridedShard {
+  static_assert(D >= 0, "kshard::StridedShard<D>: the tensor dimension D must be >= 0");
+  static constexpr PlacementKind kind = PlacementKind::strided_shard;
+  static constexpr int tensor_dim = D;
+  index_t factor = 1;  ///< number of pieces (runtime)
+
+  [[nodiscard]] constexpr index_t split_factor() const { return factor; }
+  friend constexpr bool operator==(StridedShard, StridedShard) = default;
+};
+
+/// Every rank holds an addend; the value is the reduction `Op` across the mesh dimension.
+template <ReduceOp Op = ReduceOp::sum>
+struct Partial {
+  static constexpr PlacementKind kind = PlacementKind::partial;
+  static constexpr int tensor_dim = -1;
+  static constexpr ReduceOp op = Op;
+  [[nodiscard]] static constexpr index_t split_factor() { return 1; }
+  friend constexpr bool operator==(Partial, Partial) { return true; }
+};
+
+/// A type that can stand for one mesh dimension in a layout.
+template <class P>
+concept Placement = std::is_trivially_copyable_v<P> && requires(const P& p) {
+  { P::kind } -> std::convertible_to<PlacementKind>;
+  { P::tensor_dim } -> std::convertible_to<int>;
+  { p.split_factor() } -> std::convertible_to<index_t>;
+};
+
+/// How one mesh dimension acts on the tensor, with the placement type erased (for the
+/// arithmetic, which needs values, not types).
+struct MeshDimAction {
+  PlacementKind kind = PlacementKind::replicate;
+  int tensor_dim = -1;       ///< tensor dimension split, or -1
+  index_t split_factor = 1;  ///< pieces for StridedShard, 1 otherwise
+};
+
+/// One placement per mesh dimension, applied left to right.
+template <Placement... Ps>
+class Layout {
+ public:
+  /// Number of mesh dimensions the layout is for.
+  static constexpr std::size_t rank = sizeof...(Ps);
+  /// The placement kinds, known at compile time.
+  static constexpr std::array<PlacementKind, rank> kinds{Ps::kind...};
+  /// True when some mesh dimension holds a pending reduction.
+  static constexpr bool has_partial = ((Ps::kind == PlacementKind::partial) || ...);
+  /// Largest tensor dimension any placement splits (-1 when none does).
+  static constexpr int max_tensor_dim = std::max({-1, Ps::tensor_dim...});
+
+  constexpr Layout() = default;
+  constexpr explicit Layout(Ps... placements) : placements_(placements...) {}
+
+  /// Placement of mesh dimension `M`.
+  template <std::size_t M>
+  [[nodiscard]] constexpr const auto& get() const {
+    return std::get<M>(placements_);
+  }
+
+  /// The placements as values, one per mesh dimension.
+  [[nodiscard]] constexpr std::array<MeshDimAction, rank> actions() const {
+    return std::apply(
+        [](const auto&... p) {
+          return std::array<MeshDimAction, rank>{
+              MeshDimAction{p.kind, p.tensor_dim, p.split_factor()}...};
+        },
+        placements_);
+  }
+
+  /// The reduction pending on mesh dimension `m` (meaningful where `kinds[m]` is partial).
+  [[nodiscard]] static constexpr ReduceOp partial_op(std::size_t m) {
+    constexpr std::array<ReduceOp, rank> ops{reduce_op_of<Ps>()...};
+    return ops[m];
+  }
+
+  /// True when a mesh dimension splits tensor dimension `d` (Shard or StridedShard).
+  [[nodiscard]] static constexpr bool splits(int d) { return ((Ps::tensor_dim == d) || ...); }
+
+  friend constexpr bool operator==(const Layout&, const Layout&) = default;
+
+ private:
+  template <class P>
+  static constexpr ReduceOp reduce_op_of() {
+    if constexpr (P::kind == PlacementKind::partial)
+      return P::op;
+    else
+      return ReduceOp::sum;
+  }
+
+  std::tuple<Ps...> placements_;
+};
+
+template <Placement... Ps>
+Layout(Ps...) -> Layout<Ps...>;
+
+}  // namespace kshard

@@ -1,0 +1,94 @@
+# shellcheck shell=bash
+# Sourced by scripts/test, scripts/demo and scripts/bench: installs what kshard needs on
+# Debian 12 and builds an OpenMP Kokkos from Debian's own source package. Idempotent and
+# quiet when everything is already present.
+
+KSHARD_DEBIAN_PACKAGES=(
+  cmake ninja-build g++ clang-format
+  libtrilinos-kokkos-dev libopenmpi-dev openmpi-bin libfmt-dev
+  libgtest-dev libbenchmark-dev
+)
+
+# Where the OpenMP Kokkos lives: outside the clone so a fresh clone reuses it.
+: "${KSHARD_DEPS_PREFIX:=${XDG_CACHE_HOME:-$HOME/.cache}/kshard}"
+KSHARD_OPENMP_KOKKOS_PREFIX="$KSHARD_DEPS_PREFIX/kokkos-3.4-openmp"
+
+kshard_log() { printf '[kshard] %s\n' "$*"; }
+
+kshard_sudo() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+kshard_install_packages() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  kshard_log "installing Debian packages: ${missing[*]}"
+  kshard_sudo apt-get update -qq
+  kshard_sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+}
+
+# Open MPI refuses to run as root and on more ranks than cores unless told; MPICH ignores these.
+kshard_mpi_environment() {
+  local version
+  version=$(mpiexec --version 2>&1 || true)
+  if [[ "$version" == *"Open MPI"* || "$version" == *"OpenRTE"* ]]; then
+    if [ "$(id -u)" -eq 0 ]; then
+      export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    fi
+    export OMPI_MCA_rmaps_base_oversubscribe=1
+    # Let each rank's OpenMP threads use every core instead of the one core Open MPI binds to.
+    export OMPI_MCA_hwloc_base_binding_policy="${OMPI_MCA_hwloc_base_binding_policy:-none}"
+    # No fabric on these machines: keep Open MPI from probing for one.
+    export OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader,tcp}"
+    export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
+  fi
+}
+
+# Kokkos 3.4 with OpenMP + Serial from Debian's trilinos source package (packages/kokkos only).
+kshard_build_openmp_kokkos() {
+  if [ -f "$KSHARD_OPENMP_KOKKOS_PREFIX/lib/cmake/Kokkos/KokkosConfig.cmake" ]; then return 0; fi
+  kshard_install_packages dpkg-dev xz-utils
+  local work
+  work=$(mktemp -d)
+  kshard_log "building Kokkos 3.4 (OpenMP + Serial) from Debian's trilinos source into $KSHARD_OPENMP_KOKKOS_PREFIX"
+  if ! grep -rqs '^Types:.*deb-src' /etc/apt/sources.list.d/ && ! grep -qs '^deb-src' /etc/apt/sources.list; then
+    kshard_sudo tee /etc/apt/sources.list.d/kshard-deb-src.sources >/dev/null <<'SRC'
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+    kshard_sudo apt-get update -qq
+  fi
+  (
+    set -e
+    cd "$work"
+    apt-get source --download-only -qq trilinos >/dev/null
+    local orig
+    orig=$(ls trilinos_*.orig.tar.* | head -n 1)
+    tar -xf "$orig" --wildcards '*/packages/kokkos/*'
+    local src
+    src=$(find . -maxdepth 3 -type d -path '*/packages/kokkos' | head -n 1)
+    cmake -S "$src" -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_INSTALL_PREFIX="$KSHARD_OPENMP_KOKKOS_PREFIX.tmp" \
+      -DKokkos_ENABLE_OPENMP=ON -DKokkos_ENABLE_SERIAL=ON -DKokkos_CXX_STANDARD=17 \
+      -DBUILD_SHARED_LIBS=ON -DKokkos_ENABLE_TESTS=OFF >build.log 2>&1
+    cmake --build build -j "$(nproc)" >>build.log 2>&1
+    cmake --install build >>build.log 2>&1
+  ) || { kshard_log "Kokkos build failed; log in $work/build.log"; return 1; }
+  mv "$KSHARD_OPENMP_KOKKOS_PREFIX.tmp" "$KSHARD_OPENMP_KOKKOS_PREFIX"
+  rm -rf "$work"
+}
+
+# Fails, listing the files, when a C++ source is not formatted as .clang-format says.
+kshard_check_format() {
+  local files
+  mapfile -t files < <(git ls-files '*.hpp' '*.cpp' 2>/dev/null || find include tests examples -name '*.[ch]pp')
+  [ ${#files[@]} -eq 0 ] && return 0
+  clang-format --dry-run --Werror "${files[@]}"
+}

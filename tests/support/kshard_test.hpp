@@ -1,0 +1,96 @@
+#pragma once
+
+// Shared by the MPI tests: the backend under test and helpers that keep ranks in step.
+
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kshard/error.hpp"
+
+namespace kshard::test {
+
+#ifdef KSHARD_TEST_EXECUTION_SPACE
+// Set per test executable by CMake: the same tests are built once per Kokkos backend.
+using ExecSpace = KSHARD_TEST_EXECUTION_SPACE;
+using MemSpace = typename ExecSpace::memory_space;
+#endif
+
+inline int world_size() {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+inline int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+// True on every rank when `ok` holds on every rank. Assert on its result, never on a
+// rank-local condition before a collective, so no rank leaves the others waiting.
+inline bool all_ranks(bool ok) {
+  int mine = ok ? 1 : 0;
+  int all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+// Runs `make` on every rank and returns the kshard::error message it threw ("" if none),
+// failing the test unless every rank threw exactly the same message.
+template <class Make>
+std::string collective_error(Make&& make) {
+  std::string message;
+  try {
+    make();
+  } catch (const kshard::error& e) {
+    message = e.what();
+  }
+  const int length = static_cast<int>(message.size());
+  int min_length = 0;
+  int max_length = 0;
+  MPI_Allreduce(&length, &min_length, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&length, &max_length, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(min_length, max_length) << "ranks threw different messages: " << message;
+  std::string root = message;
+  MPI_Bcast(&max_length, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  root.resize(static_cast<std::size_t>(max_length));
+  MPI_Bcast(root.data(), max_length, MPI_CHAR, 0, MPI_COMM_WORLD);
+  EXPECT_TRUE(all_ranks(root == message)) << "this rank: " << message << " rank 0: " << root;
+  return message;
+}
+
+// Every way to write `size` as an ordered product of N extents >= 1.
+template <std::size_t N>
+std::vector<std::array<int, N>> mesh_shapes(int size) {
+  std::vector<std::array<int, N>> shapes;
+  std::array<int, N> shape{};
+  auto fill = [&](auto& self, std::size_t m, int left) -> void {
+    if (m + 1 == N) {
+      shape[m] = left;
+      shapes.push_back(shape);
+      return;
+    }
+    for (int e = 1; e <= left; ++e)
+      if (left % e == 0) {
+        shape[m] = e;
+        self(self, m + 1, left / e);
+      }
+  };
+  fill(fill, 0, size);
+  return shapes;
+}
+
+// The same pseudo-random stream on every rank (tests need rank-independent global data).
+inline std::mt19937_64 shared_rng(std::uint64_t salt) { return std::mt19937_64(0x5eed + salt); }
+
+}  // namespace kshard::test
