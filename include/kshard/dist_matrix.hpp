@@ -147,4 +147,17 @@ class DistMatrix {
   view_type local_;
 };
 
+template <class M>
+inline constexpr bool is_dist_matrix_v = false;
+template <class T, class L, class E, class S>
+inline constexpr bool is_dist_matrix_v<DistMatrix<T, L, E, S>> = true;
+
+/// Any `kshard::DistMatrix`.
+template <class M>
+concept DistributedMatrix = is_dist_matrix_v<std::remove_cvref_t<M>>;
+
+/// A `DistMatrix` whose values can be read: no mesh dimension holds a pending reduction.
+template <class M>
+concept ValuedMatrix = DistributedMatrix<M> && !std::remove_cvref_t<M>::layout_type::has_partial;
+
 }  // namespace kshard

@@ -78,9 +78,7 @@ HostMatrix<T> gather(const DistMatrix<T, L, E, S>& matrix) {
   index_t total = 0;
   for (int r = 0; r < size; ++r) {
     const auto coords = mesh.coords_of(r);
-    bool sends = true;  // one replica per block: coordinate 0 along every Replicate dimension
-    for (std::size_t m = 0; m < L::rank; ++m)
-      if (L::kinds[m] == PlacementKind::replicate && coords[m] != 0) sends = false;
+    const bool sends = L::is_first_copy(coords, {0, 1});  // each block once
     const index_t n = sends ? matrix.mapping_of(coords).local_size() : 0;
     displs[r] = detail::mpi_count(total, "kshard::gather");
     counts[r] = detail::mpi_count(n, "kshard::gather");
@@ -91,10 +89,8 @@ HostMatrix<T> gather(const DistMatrix<T, L, E, S>& matrix) {
   // Contiguous host copy of the local shard (fences the device, copies if not host memory).
   auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
   std::vector<T> received(static_cast<std::size_t>(total));
-  const MPI_Datatype type = detail::mpi_datatype<T>();
-  detail::check_mpi(MPI_Allgatherv(local.data(), counts[mesh.my_rank()], type, received.data(),
-                                   counts.data(), displs.data(), type, mesh.comm()),
-                    "MPI_Allgatherv");
+  detail::allgatherv(local.data(), counts[mesh.my_rank()], received.data(), counts.data(),
+                     displs.data(), mesh.comm());
 
   HostMatrix<T> full("kshard::gather", static_cast<std::size_t>(matrix.rows()),
                      static_cast<std::size_t>(matrix.cols()));

@@ -3,11 +3,16 @@
 /// \file
 /// The whole of kshard: `#include <kshard/kshard.hpp>`.
 
+#include "kshard/bfloat16.hpp"
+#include "kshard/comm_stats.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/error.hpp"
 #include "kshard/format.hpp"
 #include "kshard/index.hpp"
 #include "kshard/layout_mapping.hpp"
+#include "kshard/log.hpp"
 #include "kshard/mesh.hpp"
 #include "kshard/placement.hpp"
+#include "kshard/repair.hpp"
+#include "kshard/rowwise.hpp"

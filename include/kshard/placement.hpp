@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <initializer_list>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -125,6 +126,22 @@ class Layout {
               MeshDimAction{p.kind, p.tensor_dim, p.split_factor()}...};
         },
         placements_);
+  }
+
+  /// The tensor dimension each mesh dimension splits (-1 for Replicate and Partial).
+  static constexpr std::array<int, rank> tensor_dims{Ps::tensor_dim...};
+
+  /// True when mesh coordinates `coords` hold the first copy of the data they hold along the
+  /// tensor dimensions in `dims` ({0}: their rows, {0, 1}: their elements): coordinate 0 along
+  /// every mesh dimension that splits none of `dims`. Counts replicated data once.
+  [[nodiscard]] static constexpr bool is_first_copy(const std::array<int, rank>& coords,
+                                                    std::initializer_list<int> dims) {
+    for (std::size_t m = 0; m < rank; ++m) {
+      bool splits_kept = false;
+      for (int d : dims) splits_kept = splits_kept || tensor_dims[m] == d;
+      if (!splits_kept && coords[m] != 0) return false;
+    }
+    return true;
   }
 
   /// The reduction pending on mesh dimension `m` (meaningful where `kinds[m]` is partial).

@@ -25,33 +25,14 @@ using kshard::StridedShard;
 using kshard::test::all_ranks;
 using kshard::test::collective_error;
 using kshard::test::ExecSpace;
+using kshard::test::for_each_placement;
+using kshard::test::make_placement;
 using kshard::test::MemSpace;
+using kshard::test::reference_matrix;
 using kshard::test::world_size;
 
 template <class T, class L>
 using Matrix = kshard::DistMatrix<T, L, ExecSpace, MemSpace>;
-
-using AnyPlacement = std::tuple<Replicate, Shard<0>, Shard<1>, StridedShard<0>, StridedShard<1>>;
-
-template <class P>
-P make_placement(std::mt19937_64& rng) {
-  if constexpr (P::kind == kshard::PlacementKind::strided_shard)
-    return P{std::uniform_int_distribution<index_t>(1, 3)(rng)};
-  else
-    return P{};
-}
-
-// A full matrix with a distinct, rank-independent value in every element.
-template <class T>
-kshard::HostMatrix<T> reference_matrix(index_t rows, index_t cols, std::uint64_t seed) {
-  kshard::HostMatrix<T> full("reference", static_cast<std::size_t>(rows),
-                             static_cast<std::size_t>(cols));
-  auto rng = kshard::test::shared_rng(seed);
-  std::uniform_real_distribution<double> value(-1.0, 1.0);
-  for (index_t r = 0; r < rows; ++r)
-    for (index_t c = 0; c < cols; ++c) full(r, c) = static_cast<T>(value(rng));
-  return full;
-}
 
 template <class T, class L, std::size_t M>
 void check_round_trip(const kshard::Mesh<M>& mesh, const L& layout, index_t rows, index_t cols,
@@ -85,16 +66,6 @@ void check_shapes(const kshard::Mesh<M>& mesh, const L& layout, std::uint64_t se
   check_round_trip<T>(mesh, layout, 0, pick(5), seed);
   check_round_trip<T>(mesh, layout, pick(3), pick(3), seed + 1);
   check_round_trip<T>(mesh, layout, 7 + pick(30), 1 + pick(9), seed + 2);
-}
-
-template <std::size_t... I, class F>
-void for_each_placement(std::index_sequence<I...>, F&& f) {
-  (f(std::tuple_element_t<I, AnyPlacement>{}), ...);
-}
-
-template <class F>
-void for_each_placement(F&& f) {
-  for_each_placement(std::make_index_sequence<std::tuple_size_v<AnyPlacement>>{}, f);
 }
 
 TEST(DistMatrix, RoundTripEveryLayoutOnMeshRank1) {

@@ -9,6 +9,8 @@
 
 #include <cstdio>
 
+#include "kshard/log.hpp"
+
 namespace {
 
 // Forwards failures to the default printer, tagged with this rank.
@@ -60,6 +62,7 @@ int main(int argc, char** argv) {
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
     testing::InitGoogleTest(&argc, argv);
+    kshard::set_log_handler({});  // tests that check the log install their own handler
     auto& listeners = testing::UnitTest::GetInstance()->listeners();
     if (rank != 0) {
       auto* inner = listeners.Release(listeners.default_result_printer());

@@ -12,11 +12,17 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include "kshard/distribute.hpp"
 #include "kshard/error.hpp"
+#include "kshard/placement.hpp"
 
 namespace kshard::test {
+
+using kshard::index_t;
 
 #ifdef KSHARD_TEST_EXECUTION_SPACE
 // Set per test executable by CMake: the same tests are built once per Kokkos backend.
@@ -92,5 +98,39 @@ std::vector<std::array<int, N>> mesh_shapes(int size) {
 
 // The same pseudo-random stream on every rank (tests need rank-independent global data).
 inline std::mt19937_64 shared_rng(std::uint64_t salt) { return std::mt19937_64(0x5eed + salt); }
+
+// The placements every test enumerates layouts from.
+using AnyPlacement = std::tuple<kshard::Replicate, kshard::Shard<0>, kshard::Shard<1>,
+                                kshard::StridedShard<0>, kshard::StridedShard<1>>;
+
+template <class P>
+P make_placement(std::mt19937_64& rng) {
+  if constexpr (P::kind == kshard::PlacementKind::strided_shard)
+    return P{std::uniform_int_distribution<index_t>(1, 3)(rng)};
+  else
+    return P{};
+}
+
+// A full matrix with a distinct, rank-independent value in every element.
+template <class T>
+kshard::HostMatrix<T> reference_matrix(index_t rows, index_t cols, std::uint64_t seed) {
+  kshard::HostMatrix<T> full("reference", static_cast<std::size_t>(rows),
+                             static_cast<std::size_t>(cols));
+  auto rng = kshard::test::shared_rng(seed);
+  std::uniform_real_distribution<double> value(-1.0, 1.0);
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t c = 0; c < cols; ++c) full(r, c) = static_cast<T>(value(rng));
+  return full;
+}
+
+template <std::size_t... I, class F>
+void for_each_placement(std::index_sequence<I...>, F&& f) {
+  (f(std::tuple_element_t<I, AnyPlacement>{}), ...);
+}
+
+template <class F>
+void for_each_placement(F&& f) {
+  for_each_placement(std::make_index_sequence<std::tuple_size_v<AnyPlacement>>{}, f);
+}
 
 }  // namespace kshard::test

@@ -22,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "kshard/comm_stats.hpp"
 #include "kshard/error.hpp"
 
 namespace kshard::detail {
@@ -34,6 +35,8 @@ inline void check_mpi(int rc, const char* call) {
   throw error(fmt::format("kshard: {} failed: {}", call, std::string(text, length)));
 }
 
+// Reductions use the arithmetic types; other trivially copyable elements (bf16) only move,
+// as unsigned integers of their size.
 template <class T>
 MPI_Datatype mpi_datatype() {
   using U = std::remove_cv_t<T>;
@@ -45,10 +48,14 @@ MPI_Datatype mpi_datatype() {
     return MPI_INT32_T;
   else if constexpr (std::is_same_v<U, std::int64_t>)
     return MPI_INT64_T;
-  else if constexpr (std::is_same_v<U, std::uint64_t>)
-    return MPI_UINT64_T;
   else if constexpr (std::is_same_v<U, char>)
     return MPI_CHAR;
+  else if constexpr (std::is_trivially_copyable_v<U> && sizeof(U) == 2)
+    return MPI_UINT16_T;
+  else if constexpr (std::is_trivially_copyable_v<U> && sizeof(U) == 4)
+    return MPI_UINT32_T;
+  else if constexpr (std::is_trivially_copyable_v<U> && sizeof(U) == 8)
+    return MPI_UINT64_T;
   else
     static_assert(sizeof(U) == 0, "kshard: no MPI datatype for this element type");
 }
@@ -63,6 +70,43 @@ inline int comm_size(MPI_Comm comm) {
   int size = 0;
   check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
   return size;
+}
+
+// The collectives kshard uses: checked, and counted in comm_stats() (payload this rank sends).
+// Buffers must be host memory or, with a GPU-aware MPI, fenced device memory.
+inline void count_collective(std::int64_t bytes) {
+  ++comm_stats().collectives;
+  comm_stats().bytes_sent += bytes;
+}
+
+template <class T>
+void allreduce(T* data, int count, MPI_Op op, MPI_Comm comm) {
+  count_collective(static_cast<std::int64_t>(count) * static_cast<std::int64_t>(sizeof(T)));
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, count, mpi_datatype<T>(), op, comm), "MPI_Allreduce");
+}
+
+template <class T>
+void allgather(const T* send, int count, T* recv, MPI_Comm comm) {
+  count_collective(static_cast<std::int64_t>(count) * static_cast<std::int64_t>(sizeof(T)));
+  check_mpi(MPI_Allgather(send, count, mpi_datatype<T>(), recv, count, mpi_datatype<T>(), comm),
+            "MPI_Allgather");
+}
+
+template <class T>
+void allgatherv(const T* send, int count, T* recv, const int* counts, const int* displs,
+                MPI_Comm comm) {
+  count_collective(static_cast<std::int64_t>(count) * static_cast<std::int64_t>(sizeof(T)));
+  check_mpi(
+      MPI_Allgatherv(send, count, mpi_datatype<T>(), recv, counts, displs, mpi_datatype<T>(), comm),
+      "MPI_Allgatherv");
+}
+
+template <class T>
+void broadcast(T* data, int count, int root, MPI_Comm comm) {
+  count_collective(comm_rank(comm) == root
+                       ? static_cast<std::int64_t>(count) * static_cast<std::int64_t>(sizeof(T))
+                       : 0);
+  check_mpi(MPI_Bcast(data, count, mpi_datatype<T>(), root, comm), "MPI_Bcast");
 }
 
 // Owns an MPI communicator and frees it exactly once, when the last copy goes (and only
@@ -96,14 +140,14 @@ class Communicator {
 inline void agree(MPI_Comm comm, const std::optional<std::string>& local_problem) {
   const int size = comm_size(comm);
   const int mine = local_problem ? comm_rank(comm) : size;
-  int first = size;
-  check_mpi(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
+  int first = mine;
+  allreduce(&first, 1, MPI_MIN, comm);
   if (first == size) return;
   std::string message = local_problem && mine == first ? *local_problem : std::string();
   int length = static_cast<int>(message.size());
-  check_mpi(MPI_Bcast(&length, 1, MPI_INT, first, comm), "MPI_Bcast");
+  broadcast(&length, 1, first, comm);
   message.resize(static_cast<std::size_t>(length));
-  check_mpi(MPI_Bcast(message.data(), length, MPI_CHAR, first, comm), "MPI_Bcast");
+  broadcast(message.data(), length, first, comm);
   throw error(message);
 }
 
@@ -114,10 +158,8 @@ inline bool same_on_all_ranks(MPI_Comm comm, const std::vector<std::int64_t>& va
   both.reserve(2 * values.size());
   for (std::int64_t v : values) both.push_back(v);
   for (std::int64_t v : values) both.push_back(-v);
-  std::vector<std::int64_t> max(both.size());
-  check_mpi(MPI_Allreduce(both.data(), max.data(), static_cast<int>(both.size()), MPI_INT64_T,
-                          MPI_MAX, comm),
-            "MPI_Allreduce");
+  allreduce(both.data(), static_cast<int>(both.size()), MPI_MAX, comm);
+  const std::vector<std::int64_t>& max = both;
   for (std::size_t i = 0; i < values.size(); ++i)
     if (max[i] != -max[values.size() + i]) return false;
   return true;

@@ -1,0 +1,26 @@
+#pragma once
+
+/// \file
+/// Counters of the collectives kshard issues on this process, for tests and benchmarks that
+/// assert how much an operation communicates.
+
+#include <cstdint>
+
+namespace kshard {
+
+/// What this process has sent through kshard's collectives since the last reset.
+struct CommStats {
+  std::int64_t collectives = 0;  ///< collective calls (all-reduce, all-gather, broadcast, ...)
+  std::int64_t bytes_sent = 0;   ///< payload bytes this process contributed to them
+};
+
+/// This process's counters (kshard is driven by one thread per process, as MPI usually is).
+inline CommStats& comm_stats() {
+  static CommStats stats;
+  return stats;
+}
+
+/// Zeroes the counters.
+inline void reset_comm_stats() { comm_stats() = CommStats{}; }
+
+}  // namespace kshard

@@ -1,0 +1,135 @@
+#pragma once
+
+/// \file
+/// Rowwise algorithms that touch only the local shard: zero one global row, and full-row
+/// squared norms of the local rows.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "kshard/bfloat16.hpp"
+#include "kshard/detail/staging.hpp"
+#include "kshard/dist_matrix.hpp"
+#include "kshard/error.hpp"
+
+namespace kshard {
+
+namespace detail {
+
+// Global row `row`, with one wrap for negative values; throws (identically on every rank,
+// from global data only) when out of range.
+inline index_t wrap_row(index_t row, index_t rows, const char* who) {
+  const index_t wrapped = row < 0 ? row + rows : row;
+  if (wrapped < 0 || wrapped >= rows)
+    throw error(
+        fmt::format("kshard::{}: row {} is out of range for a matrix of {} rows "
+                    "(valid: -{} to {})",
+                    who, row, rows, rows, rows - 1));
+  return wrapped;
+}
+
+// An element as the algorithms compute with it: in compute_type_t<T>, held in a double.
+template <class T>
+KOKKOS_INLINE_FUNCTION double widen(T x) {
+  return static_cast<double>(static_cast<compute_type_t<T>>(x));
+}
+
+template <class T>
+KOKKOS_INLINE_FUNCTION double squared(T x) {
+  const auto v = static_cast<compute_type_t<T>>(x);
+  return static_cast<double>(v * v);
+}
+
+// Host execution spaces get a loop with four independent accumulators per row (the latency
+// of one fp64 add chain would cap the loop at a quarter of memory bandwidth); device spaces a
+// team per row.
+template <class ExecSpace>
+inline constexpr bool is_host_space_v =
+    Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+
+// Squared norms of the local parts of the local rows (no communication).
+template <class ExecSpace, class View, class Out>
+void local_row_squared_norms(const View& local, const Out& out) {
+  const auto rows = static_cast<index_t>(local.extent(0));
+  const auto cols = static_cast<index_t>(local.extent(1));
+  if constexpr (is_host_space_v<ExecSpace>) {
+    Kokkos::parallel_for(
+        "kshard::row_norms", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(0, rows),
+        KOKKOS_LAMBDA(const index_t i) {
+          double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+          index_t j = 0;
+          for (; j + 4 <= cols; j += 4) {
+            a0 += squared(local(i, j));
+            a1 += squared(local(i, j + 1));
+            a2 += squared(local(i, j + 2));
+            a3 += squared(local(i, j + 3));
+          }
+          for (; j < cols; ++j) a0 += squared(local(i, j));
+          out(i) = (a0 + a1) + (a2 + a3);
+        });
+  } else {
+    using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+    Kokkos::parallel_for(
+        "kshard::row_norms", Kokkos::TeamPolicy<ExecSpace>(static_cast<int>(rows), Kokkos::AUTO),
+        KOKKOS_LAMBDA(const Team& team) {
+          const index_t i = team.league_rank();
+          double sum = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(team, cols),
+              [&](const index_t j, double& acc) { acc += squared(local(i, j)); }, sum);
+          Kokkos::single(Kokkos::PerTeam(team), [&] { out(i) = sum; });
+        });
+  }
+}
+
+// Sums `values` (one entry per local row) over the mesh dimensions that split columns, so
+// every column shard of a row ends with the full-row value.
+template <class M, class View>
+void sum_over_column_shards(const M& matrix, const View& values) {
+  using L = typename M::layout_type;
+  for (std::size_t m = 0; m < L::rank; ++m)
+    if (L::tensor_dims[m] == 1 && matrix.mesh().extent(m) > 1)
+      allreduce_view(typename M::execution_space(), values, MPI_SUM, matrix.mesh().dim_comm(m));
+}
+
+}  // namespace detail
+
+/// Sets global row `row` to zero wherever this rank holds part of it; negative rows count
+/// from the end. No communication: O(local row) work. Returns true where this rank held part
+/// of the row (every replica and every column shard of it), false elsewhere and on empty
+/// shards. An out-of-range row throws the same `kshard::error` on every rank. Asynchronous
+/// on the matrix's execution space, like any Kokkos kernel.
+template <ValuedMatrix M>
+bool zero_row(const M& matrix, index_t row) {
+  const index_t global = detail::wrap_row(row, matrix.rows(), "zero_row");
+  const index_t local_row = matrix.mapping().rows.to_local(global);
+  const index_t cols = matrix.mapping().cols.local_extent();
+  if (local_row == invalid_index || cols == 0) return false;
+  using T = typename M::value_type;
+  const auto local = matrix.local();
+  Kokkos::parallel_for(
+      "kshard::zero_row",
+      Kokkos::RangePolicy<typename M::execution_space, Kokkos::IndexType<index_t>>(0, cols),
+      KOKKOS_LAMBDA(const index_t j) { local(local_row, j) = T(0.0f); });
+  return true;
+}
+
+/// Full-row squared L2 norms of the local rows, in local row order: elements are squared in
+/// `compute_type_t<T>` (fp32 for float and bf16) and summed in fp64, then summed over the
+/// mesh dimensions that split columns (only those). One pass over the local shard.
+/// Collective over the mesh (every rank calls it).
+template <ValuedMatrix M>
+Kokkos::View<double*, typename M::memory_space> row_squared_norms(const M& matrix) {
+  Kokkos::View<double*, typename M::memory_space> norms(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::row_squared_norms"),
+      matrix.local().extent(0));
+  detail::local_row_squared_norms<typename M::execution_space>(matrix.local(), norms);
+  detail::sum_over_column_shards(matrix, norms);
+  return norms;
+}
+
+}  // namespace kshard
