@@ -1,0 +1,1 @@
+// Tests for kshard/redistribute.hpp (in progress).

@@ -1,0 +1,1 @@
+// Tests for kshard/tensor_parallel.hpp (in progress).
