@@ -32,8 +32,6 @@ using kshard::StridedShard;
 using kshard::test::all_ranks;
 using kshard::test::collective_error;
 using kshard::test::ExecSpace;
-using kshard::test::for_each_placement;
-using kshard::test::make_placement;
 using kshard::test::MemSpace;
 using kshard::test::world_size;
 
@@ -123,15 +121,9 @@ void check_spec_case(const kshard::Mesh<M>& mesh, const L& layout, RepairStrateg
   }
 }
 
-kshard::Mesh<2> grid_mesh() {
-  const int size = world_size();
-  return kshard::Mesh<2>(MPI_COMM_WORLD, {size % 2 == 0 ? 2 : 1, size % 2 == 0 ? size / 2 : size},
-                         {"dp", "tp"});
-}
-
 TEST(Repair, SpecCaseOnEveryLayout) {
   kshard::Mesh<1> line(MPI_COMM_WORLD, {world_size()});
-  const auto grid = grid_mesh();
+  const auto grid = kshard::test::dp_tp_mesh();
   for (auto strategy : {RepairStrategy::output_direction, RepairStrategy::mean_direction}) {
     check_spec_case<float>(line, Layout(Replicate{}), strategy);
     check_spec_case<float>(line, Layout(Shard<0>{}), strategy);
@@ -286,24 +278,19 @@ void check_random_case(const kshard::Mesh<M>& mesh, const L& layout, std::uint64
 
 TEST(Repair, RandomCasesAgainstSerialReference) {
   kshard::Mesh<1> line(MPI_COMM_WORLD, {world_size()});
-  const auto grid = grid_mesh();
+  const auto grid = kshard::test::dp_tp_mesh();
   std::uint64_t seed = 5000;
-  for_each_placement([&](auto p) {
-    for (int k = 0; k < 4; ++k) {
-      auto rng = kshard::test::shared_rng(seed);
-      Layout layout(make_placement<decltype(p)>(rng));
-      check_random_case<float>(line, layout, seed++);
-      check_random_case<double>(line, layout, seed++);
-      check_random_case<kshard::bf16>(line, layout, seed++);
-    }
-    for_each_placement([&](auto q) {
-      for (int k = 0; k < 2; ++k) {
-        auto rng = kshard::test::shared_rng(seed);
-        Layout layout(make_placement<decltype(p)>(rng), make_placement<decltype(q)>(rng));
-        check_random_case<float>(grid, layout, seed++);
-      }
-    });
-  });
+  for (int round = 0; round < 4; ++round)
+    kshard::test::for_each_layout(
+        seed,
+        [&](const auto& layout) {
+          check_random_case<float>(line, layout, seed);
+          check_random_case<double>(line, layout, seed + 1);
+          check_random_case<kshard::bf16>(line, layout, seed + 2);
+        },
+        [&](const auto& layout) {
+          if (round < 2) check_random_case<float>(grid, layout, seed);
+        });
 }
 
 // ---- Refusals: the same error on every rank, nothing changed ----
@@ -436,7 +423,7 @@ RepairCost measure(const kshard::Mesh<M>& mesh, const L& layout, index_t rows, b
 }
 
 TEST(Repair, OnePassAndConstantCollectives) {
-  const auto grid = grid_mesh();
+  const auto grid = kshard::test::dp_tp_mesh();
   Layout layout(Shard<0>{}, Shard<1>{});
   const int column_dims = grid.extent(1) > 1 ? 1 : 0;  // mesh dims splitting the hidden axis
   for (index_t rows : {64, 4096}) {

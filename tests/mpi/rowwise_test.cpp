@@ -20,8 +20,6 @@ using kshard::Layout;
 using kshard::test::all_ranks;
 using kshard::test::collective_error;
 using kshard::test::ExecSpace;
-using kshard::test::for_each_placement;
-using kshard::test::make_placement;
 using kshard::test::MemSpace;
 using kshard::test::reference_matrix;
 using kshard::test::world_size;
@@ -58,21 +56,16 @@ void check_zero_row(const kshard::Mesh<M>& mesh, const L& layout, index_t rows, 
 }
 
 TEST(ZeroRow, EveryLayoutAndRow) {
-  const int size = world_size();
   std::uint64_t seed = 1000;
-  kshard::Mesh<1> line(MPI_COMM_WORLD, {size});
-  kshard::Mesh<2> grid(MPI_COMM_WORLD, {size % 2 == 0 ? 2 : 1, size % 2 == 0 ? size / 2 : size},
-                       {"dp", "tp"});
-  for_each_placement([&](auto p) {
-    auto rng = kshard::test::shared_rng(seed);
-    Layout layout(make_placement<decltype(p)>(rng));
-    check_zero_row<float>(line, layout, 7, 3, seed++);
-    check_zero_row<kshard::bf16>(line, layout, 2, 5, seed++);  // fewer rows than ranks
-    for_each_placement([&](auto q) {
-      Layout layout2(make_placement<decltype(p)>(rng), make_placement<decltype(q)>(rng));
-      check_zero_row<double>(grid, layout2, 9, 4, seed++);
-    });
-  });
+  kshard::Mesh<1> line(MPI_COMM_WORLD, {world_size()});
+  const auto grid = kshard::test::dp_tp_mesh();
+  kshard::test::for_each_layout(
+      seed,
+      [&](const auto& layout) {
+        check_zero_row<float>(line, layout, 7, 3, seed);
+        check_zero_row<kshard::bf16>(line, layout, 2, 5, seed);  // fewer rows than ranks
+      },
+      [&](const auto& layout) { check_zero_row<double>(grid, layout, 9, 4, seed); });
 }
 
 // Squares in fp32 (fp64 for double), sums in fp64, over the whole row: the spec, plainly.
@@ -107,22 +100,17 @@ void check_norms(const kshard::Mesh<M>& mesh, const L& layout, index_t rows, ind
 }
 
 TEST(RowSquaredNorms, EveryLayoutAgainstSerial) {
-  const int size = world_size();
   std::uint64_t seed = 2000;
-  kshard::Mesh<1> line(MPI_COMM_WORLD, {size});
-  kshard::Mesh<2> grid(MPI_COMM_WORLD, {size % 2 == 0 ? 2 : 1, size % 2 == 0 ? size / 2 : size},
-                       {"dp", "tp"});
-  for_each_placement([&](auto p) {
-    auto rng = kshard::test::shared_rng(seed);
-    Layout layout(make_placement<decltype(p)>(rng));
-    check_norms<float>(line, layout, 13, 37, seed++);  // 37: a 4-wide loop and a remainder
-    check_norms<double>(line, layout, 3, 2, seed++);
-    check_norms<kshard::bf16>(line, layout, 0, 4, seed++);
-    for_each_placement([&](auto q) {
-      Layout layout2(make_placement<decltype(p)>(rng), make_placement<decltype(q)>(rng));
-      check_norms<float>(grid, layout2, 11, 9, seed++);
-    });
-  });
+  kshard::Mesh<1> line(MPI_COMM_WORLD, {world_size()});
+  const auto grid = kshard::test::dp_tp_mesh();
+  kshard::test::for_each_layout(
+      seed,
+      [&](const auto& layout) {
+        check_norms<float>(line, layout, 13, 37, seed);  // 37: a 4-wide loop and a remainder
+        check_norms<double>(line, layout, 3, 2, seed);
+        check_norms<kshard::bf16>(line, layout, 0, 4, seed);
+      },
+      [&](const auto& layout) { check_norms<float>(grid, layout, 11, 9, seed); });
 }
 
 // Only the mesh dimensions that split columns communicate, once each.

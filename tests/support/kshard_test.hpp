@@ -18,6 +18,7 @@
 
 #include "kshard/distribute.hpp"
 #include "kshard/error.hpp"
+#include "kshard/mesh.hpp"
 #include "kshard/placement.hpp"
 
 namespace kshard::test {
@@ -131,6 +132,27 @@ void for_each_placement(std::index_sequence<I...>, F&& f) {
 template <class F>
 void for_each_placement(F&& f) {
   for_each_placement(std::make_index_sequence<std::tuple_size_v<AnyPlacement>>{}, f);
+}
+
+// Calls `one(layout)` for every layout of one placement and `two(layout)` for every layout of
+// two, with split factors drawn from `seed` (advanced once per layout).
+template <class One, class Two>
+void for_each_layout(std::uint64_t& seed, One&& one, Two&& two) {
+  for_each_placement([&](auto p) {
+    auto rng = shared_rng(seed++);
+    one(kshard::Layout(make_placement<decltype(p)>(rng)));
+    for_each_placement([&](auto q) {
+      auto rng2 = shared_rng(seed++);
+      two(kshard::Layout(make_placement<decltype(p)>(rng2), make_placement<decltype(q)>(rng2)));
+    });
+  });
+}
+
+// The (dp, tp) mesh most tests use: (2, n / 2) on an even world size, else (1, n).
+inline kshard::Mesh<2> dp_tp_mesh() {
+  const int size = world_size();
+  const int dp = size % 2 == 0 ? 2 : 1;
+  return kshard::Mesh<2>(MPI_COMM_WORLD, {dp, size / dp}, {"dp", "tp"});
 }
 
 }  // namespace kshard::test
