@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
                                            kshard::HostMatrix<const double>(full));
     const auto back = kshard::gather(matrix);
     const bool ok = back(4, 2) == 42.0 && back(0, 1) == 1.0;
-    fmt::print("consumer: {} -> {}\n", matrix, ok ? "ok" : "WRONG");
+    fmt::print("consumer: {} -> {} (Kokkos {})\n", matrix, ok ? "ok" : "WRONG",
+               Kokkos::DefaultExecutionSpace::name());
     status = ok ? 0 : 1;
   }
   MPI_Finalize();
