@@ -39,6 +39,10 @@ class Mesh {
     s.rank = detail::comm_rank(comm);
     detail::agree(comm, validate(comm, shape, names, s.size));
     s.comm = detail::Communicator::duplicate(comm);
+    // MPI errors on kshard's communicators come back as codes, which check_mpi turns into
+    // kshard::error with MPI's own message, instead of aborting inside the library.
+    detail::check_mpi(MPI_Comm_set_errhandler(s.comm.get(), MPI_ERRORS_RETURN),
+                      "MPI_Comm_set_errhandler");
     s.coords = coords_of(s.rank);
     for (std::size_t m = 0; m < N; ++m) {
       // Ranks that differ only in coordinate m share a colour: the linear index of the others.

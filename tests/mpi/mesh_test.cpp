@@ -92,4 +92,17 @@ TEST(Mesh, WrongShapeIsTheSameErrorOnEveryRank) {
       << message;
 }
 
+// An error inside MPI on a mesh communicator is a kshard::error carrying MPI's message, not an
+// abort: the process can go on to the next collective.
+TEST(Mesh, MpiErrorsBecomeExceptions) {
+  kshard::Mesh<1> mesh(MPI_COMM_WORLD, {world_size()});
+  double value = 1;
+  const auto message =
+      collective_error([&] { kshard::detail::allreduce(&value, -1, MPI_SUM, mesh.dim_comm(0)); });
+  EXPECT_NE(message.find("MPI_Allreduce failed"), std::string::npos) << message;
+  value = 1;
+  kshard::detail::allreduce(&value, 1, MPI_SUM, mesh.comm());
+  EXPECT_EQ(value, world_size());
+}
+
 }  // namespace
