@@ -4,7 +4,7 @@
 # quiet when everything is already present.
 
 KSHARD_DEBIAN_PACKAGES=(
-  cmake ninja-build g++ clang-format
+  cmake ninja-build g++ clang clang-format libclang-rt-14-dev
   libtrilinos-kokkos-dev libopenmpi-dev openmpi-bin libfmt-dev
   libgtest-dev libbenchmark-dev
 )
@@ -91,4 +91,22 @@ kshard_check_format() {
   mapfile -t files < <(git ls-files '*.hpp' '*.cpp' 2>/dev/null || find include tests examples -name '*.[ch]pp')
   [ ${#files[@]} -eq 0 ] && return 0
   clang-format --dry-run --Werror "${files[@]}"
+}
+
+# Builds the layout-mapping fuzzer with clang and runs it for $1 seconds over the committed
+# corpus (new inputs go to a scratch directory, so the clone stays clean).
+kshard_fuzz() {
+  local seconds=$1 scratch log
+  CXX=clang++ cmake -S tests/fuzz -B build/fuzz -G Ninja >/dev/null
+  cmake --build build/fuzz >/dev/null
+  scratch=$(mktemp -d)
+  log="$scratch/fuzz.log"
+  if ! build/fuzz/layout_mapping_fuzz -max_total_time="$seconds" -print_final_stats=1 \
+      "$scratch" tests/fuzz/corpus >"$log" 2>&1; then
+    tail -n 40 "$log"
+    kshard_log "the layout-mapping fuzzer found a failure (crash input in the current directory)"
+    return 1
+  fi
+  grep -E '^Done|stat::number_of_executed_units' "$log"
+  rm -rf "$scratch"
 }
