@@ -1,0 +1,113 @@
+#pragma once
+
+// A small MPI-aware benchmark harness: warm-up, repetitions with a barrier before each, the
+// slowest rank's time per repetition, the median over repetitions. Results are JSON records
+// that scripts/bench collects and renders into docs/performance.md.
+
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace kshard::bench {
+
+struct Options {
+  bool quick = false;  // a short run for CI: small sizes, few repetitions
+  std::string output;  // JSON file written by rank 0 ("" = stdout only)
+  int repetitions = 9;
+};
+
+inline Options parse(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--quick") options.quick = true;
+    if (arg == "--out" && i + 1 < argc) options.output = argv[++i];
+  }
+  if (options.quick) options.repetitions = 3;
+  return options;
+}
+
+// Median over repetitions of the slowest rank's time for `run` (seconds); `setup` runs before
+// each repetition, untimed. Both must leave no work pending (fence inside them).
+template <class Setup, class Run>
+double time_collective(MPI_Comm comm, int repetitions, Setup&& setup, Run&& run) {
+  setup();
+  run();  // warm-up: first touch, allocations, MPI connection set-up
+  std::vector<double> times;
+  for (int r = 0; r < repetitions; ++r) {
+    setup();
+    MPI_Barrier(comm);
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double slowest = 0;
+    MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
+    times.push_back(slowest);
+  }
+  std::nth_element(times.begin(), times.begin() + static_cast<long>(times.size() / 2), times.end());
+  return times[times.size() / 2];
+}
+
+template <class Run>
+double time_collective(MPI_Comm comm, int repetitions, Run&& run) {
+  return time_collective(
+      comm, repetitions, [] {}, run);
+}
+
+// Peak resident set size of this process, in MiB (Linux).
+inline double peak_rss_mib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  return 0;
+}
+
+// JSON records, one object per measurement: {"bench": ..., "ranks": ..., fields...}.
+class Report {
+ public:
+  Report(std::string bench, MPI_Comm comm) : bench_(std::move(bench)), comm_(comm) {
+    MPI_Comm_rank(comm, &rank_);
+    MPI_Comm_size(comm, &size_);
+  }
+
+  // `fields` is a JSON fragment such as R"("seconds": 0.1, "ratio": 1.02)".
+  void add(std::string_view case_name, const std::string& fields) {
+    records_.push_back(
+        fmt::format(R"({{"bench": "{}", "case": "{}", "ranks": {}, "backend": "{}", {}}})", bench_,
+                    case_name, size_, Kokkos::DefaultExecutionSpace::name(), fields));
+    if (rank_ == 0) std::printf("%-32s %s\n", std::string(case_name).c_str(), fields.c_str());
+  }
+
+  void write(const std::string& path) const {
+    if (rank_ != 0 || path.empty()) return;
+    std::ofstream out(path);
+    out << "[\n";
+    for (std::size_t i = 0; i < records_.size(); ++i)
+      out << "  " << records_[i] << (i + 1 < records_.size() ? ",\n" : "\n");
+    out << "]\n";
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  std::string bench_;
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<std::string> records_;
+};
+
+}  // namespace kshard::bench

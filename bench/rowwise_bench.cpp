@@ -1,0 +1,234 @@
+// Rowwise algorithms against the memory roofline and against the naive alternatives, all
+// measured in the same run: full-row norms, detection, repair of 256 rows (and the three-pass
+// Python algorithm written plainly), zero_row (and gather-zero-scatter), scaling with V.
+
+#include <kshard/kshard.hpp>
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "harness.hpp"
+
+namespace {
+
+using kshard::index_t;
+using kshard::detail::squared;
+using Layout = kshard::Layout<kshard::Shard<0>>;
+template <class T>
+using Matrix = kshard::DistMatrix<T, Layout>;
+
+// Sum of squares over the whole local array with eight independent fp64 accumulators: the
+// fastest a read of this memory can go.
+template <class T>
+double roofline(const typename Matrix<T>::view_type& local) {
+  const T* data = local.data();
+  const auto n = static_cast<index_t>(local.span());
+  constexpr index_t block = 2048;
+  double total = 0;
+  Kokkos::parallel_reduce(
+      "bench::roofline", (n + block - 1) / block,
+      KOKKOS_LAMBDA(const index_t b, double& sum) {
+        double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+        const index_t end = (b + 1) * block < n ? (b + 1) * block : n;
+        index_t k = b * block;
+        for (; k + 8 <= end; k += 8) {
+          a0 += squared(data[k]);
+          a1 += squared(data[k + 1]);
+          a2 += squared(data[k + 2]);
+          a3 += squared(data[k + 3]);
+          a4 += squared(data[k + 4]);
+          a5 += squared(data[k + 5]);
+          a6 += squared(data[k + 6]);
+          a7 += squared(data[k + 7]);
+        }
+        for (; k < end; ++k) a0 += squared(data[k]);
+        sum += ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
+      },
+      total);
+  return total;
+}
+
+// The per-row loop most people write: one fp64 accumulator per row.
+template <class T>
+void plain_row_norms(const typename Matrix<T>::view_type& local, const Kokkos::View<double*>& out) {
+  const auto cols = static_cast<index_t>(local.extent(1));
+  Kokkos::parallel_for(
+      "bench::plain_row_norms", static_cast<index_t>(local.extent(0)),
+      KOKKOS_LAMBDA(const index_t i) {
+        double sum = 0;
+        for (index_t j = 0; j < cols; ++j) {
+          const auto v = static_cast<kshard::compute_type_t<T>>(local(i, j));
+          sum += static_cast<double>(v * v);
+        }
+        out(i) = sum;
+      });
+  Kokkos::fence();
+}
+
+template <class T>
+Matrix<T> make_table(const kshard::Mesh<1>& mesh, index_t rows, index_t cols, float phase) {
+  Matrix<T> m(mesh, Layout{}, rows, cols);
+  const auto local = m.local();
+  const auto map = m.mapping().rows;
+  Kokkos::parallel_for(
+      "bench::fill", static_cast<index_t>(local.extent(0)), KOKKOS_LAMBDA(const index_t i) {
+        const index_t g = map.to_global(i);
+        for (index_t j = 0; j < cols; ++j)
+          local(i, j) = static_cast<T>(phase + 0.001f * static_cast<float>((g * 31 + j) % 257));
+      });
+  Kokkos::fence();
+  return m;
+}
+
+// Zeroes `count` global rows spread over the table, wherever they are held.
+template <class T>
+void damage(const Matrix<T>& m, index_t count) {
+  for (index_t k = 0; k < count; ++k) kshard::zero_row(m, (k * 7919) % m.rows());
+  Kokkos::fence();
+}
+
+template <class T>
+void run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t rows, index_t cols,
+         const kshard::bench::Options& options) {
+  const std::string type = kshard::detail::element_name<T>() == "T"
+                               ? "bf16"
+                               : std::string(kshard::detail::element_name<T>());
+  const auto input = make_table<T>(mesh, rows, cols, 0.5f);
+  const auto output = make_table<T>(mesh, rows, cols, 0.25f);
+  const MPI_Comm comm = mesh.comm();
+  const int reps = options.repetitions;
+  const double local_bytes = static_cast<double>(input.local().span() * sizeof(T));
+  const auto fields = [&](double seconds, double baseline) {
+    return fmt::format(
+        R"("type": "{}", "rows": {}, "cols": {}, "seconds": {:.6g}, "ratio": {:.4g}, "gbps_per_rank": {:.4g})",
+        type, rows, cols, seconds, seconds / baseline, local_bytes / seconds / 1e9);
+  };
+
+  double sink = 0;
+  const double t_roof =
+      kshard::bench::time_collective(comm, reps, [&] { sink += roofline<T>(input.local()); });
+  Kokkos::View<double*> plain("plain", input.local().extent(0));
+  const double t_plain =
+      kshard::bench::time_collective(comm, reps, [&] { plain_row_norms<T>(input.local(), plain); });
+  const double t_norms = kshard::bench::time_collective(comm, reps, [&] {
+    const auto n = kshard::row_squared_norms(input);
+    Kokkos::fence();
+  });
+  report.add("roofline", fields(t_roof, t_roof));
+  report.add("plain_row_loop", fields(t_plain, t_roof));
+  report.add("row_squared_norms", fields(t_norms, t_roof));  // target: roofline / norms >= 0.85
+
+  const kshard::RepairConfig config(true, 1e-6, 256);
+  const double t_detect = kshard::bench::time_collective(
+      comm, reps, [&] { (void)kshard::repair_embedding_rows(input, output, config); });
+  report.add("detect_no_damage", fields(t_detect, t_norms));  // target <= 1.10
+  const index_t damaged = std::min<index_t>(256, rows);
+  const double t_repair = kshard::bench::time_collective(
+      comm, reps, [&] { damage(input, damaged); },
+      [&] { (void)kshard::repair_embedding_rows(input, output, config); });
+  report.add("repair_256_rows", fields(t_repair, t_norms));  // target <= 1.20
+  // The Python algorithm: norms of the input, of the whole output, and of the input again.
+  const double t_python = kshard::bench::time_collective(
+      comm, reps, [&] { damage(input, damaged); },
+      [&] {
+        const auto a = kshard::row_squared_norms(input);
+        const auto b = kshard::row_squared_norms(output);
+        (void)kshard::repair_embedding_rows(input, output, config);
+        const auto c = kshard::row_squared_norms(input);
+        Kokkos::fence();
+      });
+  report.add("python_three_pass_repair", fields(t_python, t_norms));
+
+  // zero_row: one row, many times per repetition, against a raw fill of the same slice.
+  constexpr int calls = 1000;
+  const index_t row = rows / 3;
+  const double t_zero = kshard::bench::time_collective(comm, reps, [&] {
+    for (int k = 0; k < calls; ++k) kshard::zero_row(input, row);
+    Kokkos::fence();
+  });
+  const index_t local_row = input.mapping().rows.to_local(row);
+  const index_t held = local_row == kshard::invalid_index ? 0 : 1;
+  const index_t first = held == 1 ? local_row : 0;
+  const auto slice =
+      Kokkos::subview(input.local(), Kokkos::make_pair(first, first + held), Kokkos::ALL);
+  const double t_fill = kshard::bench::time_collective(comm, reps, [&] {
+    for (int k = 0; k < calls; ++k) Kokkos::deep_copy(slice, T(0.0f));
+    Kokkos::fence();
+  });
+  kshard::reset_comm_stats();
+  kshard::zero_row(input, row);
+  const auto zero_bytes = kshard::comm_stats().bytes_sent;
+  report.add(
+      "zero_row",
+      fmt::format(
+          R"("type": "{}", "rows": {}, "cols": {}, "seconds": {:.6g}, "ratio": {:.4g}, "bytes_sent": {})",
+          type, rows, cols, t_zero / calls, t_zero / t_fill, zero_bytes));
+  if (sink == 1.2345) std::printf(" ");
+}
+
+// The naive way to zero a row of a distributed table: gather it all, zero, scatter back.
+void zero_row_baseline(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t rows,
+                       index_t cols, const kshard::bench::Options& options) {
+  const auto input = make_table<float>(mesh, rows, cols, 0.5f);
+  const index_t row = rows / 3;
+  constexpr int calls = 1000;
+  const double t_zero = kshard::bench::time_collective(mesh.comm(), options.repetitions, [&] {
+    for (int k = 0; k < calls; ++k) kshard::zero_row(input, row);
+    Kokkos::fence();
+  });
+  const double t_naive = kshard::bench::time_collective(mesh.comm(), options.quick ? 1 : 3, [&] {
+    auto full = kshard::gather(input);
+    for (index_t j = 0; j < cols; ++j)
+      full(static_cast<std::size_t>(row), static_cast<std::size_t>(j)) = 0.0f;
+    const auto back = kshard::distribute(mesh, Layout{}, kshard::HostMatrix<const float>(full));
+    Kokkos::fence();
+  });
+  report.add(
+      "zero_row_gather_scatter",
+      fmt::format(R"("type": "float", "rows": {}, "cols": {}, "seconds": {:.6g}, "ratio": {:.4g})",
+                  rows, cols, t_naive, t_naive / (t_zero / calls)));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    const auto options = kshard::bench::parse(argc, argv);
+    kshard::set_log_handler({});
+    int size = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    const kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size});
+    kshard::bench::Report report("rowwise", mesh.comm());
+    const index_t rows = options.quick ? 16384 : 262144;
+    const index_t cols = options.quick ? 256 : 1024;
+    run<float>(report, mesh, rows, cols, options);
+    run<kshard::bf16>(report, mesh, rows, cols, options);
+    // How the cost grows with V: norms at four sizes.
+    for (index_t v : {rows / 8, rows / 4, rows / 2, rows}) {
+      const auto table = make_table<float>(mesh, v, cols, 0.5f);
+      const double t = kshard::bench::time_collective(mesh.comm(), options.repetitions, [&] {
+        const auto n = kshard::row_squared_norms(table);
+        Kokkos::fence();
+      });
+      report.add(
+          "norms_vs_rows",
+          fmt::format(
+              R"("type": "float", "rows": {}, "cols": {}, "seconds": {:.6g}, "gbps_per_rank": {:.4g})",
+              v, cols, t, static_cast<double>(table.local().span() * 4) / t / 1e9));
+    }
+    // Before the gather baseline, which holds the whole table: kshard's own peak.
+    double rss = kshard::bench::peak_rss_mib();
+    double max_rss = 0;
+    MPI_Allreduce(&rss, &max_rss, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    report.add("peak_rss",
+               fmt::format(R"("mib_per_rank": {:.1f}, "table_mib_per_rank": {:.1f})", max_rss,
+                           static_cast<double>(rows * cols * 4) / size / 1048576.0));
+    zero_row_baseline(report, mesh, rows, cols, options);  // allocates the whole table: last
+    report.write(options.output);
+  }
+  MPI_Finalize();
+  return 0;
+}
