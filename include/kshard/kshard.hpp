@@ -14,5 +14,6 @@
 #include "kshard/log.hpp"
 #include "kshard/mesh.hpp"
 #include "kshard/placement.hpp"
+#include "kshard/redistribute.hpp"
 #include "kshard/repair.hpp"
 #include "kshard/rowwise.hpp"

@@ -165,11 +165,8 @@ std::optional<std::string> check_repair_inputs(const In& input, const Out* outpu
         "kshard::repair_embedding_rows: output embedding '{}' is {} x {} but input embedding "
         "'{}' is {} x {}; nothing was changed",
         names.output, output->rows(), output->cols(), names.input, input.rows(), input.cols());
-  int comparison = MPI_UNEQUAL;
-  check_mpi(MPI_Comm_compare(input.mesh().comm(), output->mesh().comm(), &comparison),
-            "MPI_Comm_compare");
   if (input.mesh().shape() != output->mesh().shape() ||
-      (comparison != MPI_IDENT && comparison != MPI_CONGRUENT))
+      !congruent(input.mesh().comm(), output->mesh().comm()))
     return fmt::format(
         "kshard::repair_embedding_rows: '{}' is on {} and '{}' on {}, not the same mesh",
         names.input, input.mesh(), names.output, output->mesh());

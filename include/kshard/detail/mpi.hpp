@@ -109,6 +109,45 @@ void broadcast(T* data, int count, int root, MPI_Comm comm) {
   check_mpi(MPI_Bcast(data, count, mpi_datatype<T>(), root, comm), "MPI_Bcast");
 }
 
+// Personalised all-to-all. Counted: the payload this rank sends to the other ranks (what it
+// sends to itself is a local copy and is not counted).
+template <class T>
+void alltoallv(const T* send, const int* send_counts, const int* send_displs, T* recv,
+               const int* recv_counts, const int* recv_displs, MPI_Comm comm) {
+  const int size = comm_size(comm);
+  const int self = comm_rank(comm);
+  std::int64_t elements = 0;
+  for (int r = 0; r < size; ++r)
+    if (r != self) elements += send_counts[r];
+  count_collective(elements * static_cast<std::int64_t>(sizeof(T)));
+  check_mpi(MPI_Alltoallv(send, send_counts, send_displs, mpi_datatype<T>(), recv, recv_counts,
+                          recv_displs, mpi_datatype<T>(), comm),
+            "MPI_Alltoallv");
+}
+
+// Reduction of `send` (the blocks of every rank, in rank order, `recv_counts[r]` elements for
+// rank r) whose block for this rank lands in `recv`. Counted: the payload this rank sends to
+// the other ranks, i.e. its addends of their blocks (its own block stays here).
+template <class T>
+void reduce_scatter(const T* send, T* recv, const int* recv_counts, MPI_Op op, MPI_Comm comm) {
+  const int size = comm_size(comm);
+  const int self = comm_rank(comm);
+  std::int64_t elements = 0;
+  for (int r = 0; r < size; ++r)
+    if (r != self) elements += recv_counts[r];
+  count_collective(elements * static_cast<std::int64_t>(sizeof(T)));
+  check_mpi(MPI_Reduce_scatter(send, recv, recv_counts, mpi_datatype<T>(), op, comm),
+            "MPI_Reduce_scatter");
+}
+
+// True when `a` and `b` hold the same processes in the same order (MPI_IDENT or
+// MPI_CONGRUENT), so rank r of one is rank r of the other. Local, not a collective.
+inline bool congruent(MPI_Comm a, MPI_Comm b) {
+  int result = MPI_UNEQUAL;
+  check_mpi(MPI_Comm_compare(a, b, &result), "MPI_Comm_compare");
+  return result == MPI_IDENT || result == MPI_CONGRUENT;
+}
+
 // Owns an MPI communicator and frees it exactly once, when the last copy goes (and only
 // while MPI is still alive, so a handle outliving MPI_Finalize is harmless).
 class Communicator {

@@ -1,0 +1,183 @@
+#pragma once
+
+// Moving blocks of a shard in and out of flat message buffers with Kokkos kernels, and handing
+// views to MPI: fence first, and go through host memory when MPI cannot read device memory.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdlib>
+#include <string_view>
+#include <vector>
+
+#include "kshard/detail/redistribute_plan.hpp"
+#include "kshard/index.hpp"
+
+#ifndef KSHARD_GPU_AWARE_MPI_DEFAULT
+/// Whether MPI may be handed device memory when KSHARD_GPU_AWARE_MPI is not set (0 or 1).
+#define KSHARD_GPU_AWARE_MPI_DEFAULT 0
+#endif
+
+namespace kshard::detail {
+
+// Whether MPI reads and writes device memory directly: decided once per process, from the
+// environment variable KSHARD_GPU_AWARE_MPI (0 or 1) or else KSHARD_GPU_AWARE_MPI_DEFAULT.
+// Host-accessible memory never goes through a staging copy either way.
+inline bool gpu_aware_mpi() {
+  static const bool aware = [] {
+    const char* env = std::getenv("KSHARD_GPU_AWARE_MPI");
+    if (env == nullptr || *env == '\0') return KSHARD_GPU_AWARE_MPI_DEFAULT != 0;
+    return std::string_view(env) != "0";
+  }();
+  return aware;
+}
+
+// Calls `use(pointer)` with memory MPI may access holding `view`'s elements (contiguous
+// views only), after the execution space finished writing it. `read`: the contents must be
+// there before; `write`: what `use` writes must end in `view`.
+template <class ExecSpace, class View, class Use>
+void with_mpi_access(const View& view, bool read, bool write, Use&& use) {
+  ExecSpace().fence();
+  using Memory = typename View::memory_space;
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Memory>::accessible) {
+    use(view.data());
+  } else {
+    if (gpu_aware_mpi()) {
+      use(view.data());
+      return;
+    }
+    auto host = Kokkos::create_mirror_view(view);
+    if (read) Kokkos::deep_copy(host, view);
+    use(host.data());
+    if (write) Kokkos::deep_copy(view, host);
+  }
+}
+
+// One block of a message: rows x cols elements, whose local indices are entries
+// [row_begin, row_begin + rows) and [col_begin, col_begin + cols) of the index lists, stored
+// row-major from `offset` in the message buffer.
+struct Block {
+  index_t row_begin = 0;
+  index_t rows = 0;
+  index_t col_begin = 0;
+  index_t cols = 0;
+  index_t offset = 0;
+};
+
+// Host-built index lists for a set of blocks (one side of the transfer).
+struct BlockLists {
+  std::vector<index_t> rows;
+  std::vector<index_t> cols;
+  std::vector<Block> blocks;
+
+  // Adds the block of elements in `row_runs` x `col_runs`, using their local indices on side
+  // a or b; returns its number of elements.
+  index_t add(const std::vector<Overlap>& row_runs, const std::vector<Overlap>& col_runs,
+              bool side_a, index_t offset) {
+    Block b;
+    b.row_begin = static_cast<index_t>(rows.size());
+    b.col_begin = static_cast<index_t>(cols.size());
+    b.offset = offset;
+    for (const Overlap& o : row_runs)
+      for (index_t i = 0; i < o.size; ++i) rows.push_back((side_a ? o.a_local : o.b_local) + i);
+    for (const Overlap& o : col_runs)
+      for (index_t i = 0; i < o.size; ++i) cols.push_back((side_a ? o.a_local : o.b_local) + i);
+    b.rows = static_cast<index_t>(rows.size()) - b.row_begin;
+    b.cols = static_cast<index_t>(cols.size()) - b.col_begin;
+    blocks.push_back(b);
+    return b.rows * b.cols;
+  }
+};
+
+template <class MemSpace>
+Kokkos::View<const index_t*, MemSpace> to_space(const std::vector<index_t>& values) {
+  Kokkos::View<index_t*, MemSpace> result(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::indices"),
+      values.size());
+  Kokkos::View<const index_t*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(
+      values.data(), values.size());
+  Kokkos::deep_copy(result, host);
+  return result;
+}
+
+// buffer(block offset + row-major position) = shard(rows[a], cols[b]) for every block.
+template <class ExecSpace, class Shard, class Buffer>
+void pack_blocks(const Shard& shard, const BlockLists& lists, const Buffer& buffer) {
+  using MemSpace = typename Shard::memory_space;
+  const auto rows = to_space<MemSpace>(lists.rows);
+  const auto cols = to_space<MemSpace>(lists.cols);
+  for (const Block& b : lists.blocks) {
+    if (b.rows == 0 || b.cols == 0) continue;
+    const index_t rb = b.row_begin;
+    const index_t cb = b.col_begin;
+    const index_t nc = b.cols;
+    const index_t off = b.offset;
+    Kokkos::parallel_for(
+        "kshard::redistribute::pack",
+        Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {b.rows, b.cols}),
+        KOKKOS_LAMBDA(const index_t i, const index_t j) {
+          buffer(off + i * nc + j) = shard(rows(rb + i), cols(cb + j));
+        });
+  }
+}
+
+// shard(rows[a], cols[b]) = buffer(block offset + row-major position) for every block.
+template <class ExecSpace, class Buffer, class Shard>
+void unpack_blocks(const Buffer& buffer, const BlockLists& lists, const Shard& shard) {
+  using MemSpace = typename Shard::memory_space;
+  const auto rows = to_space<MemSpace>(lists.rows);
+  const auto cols = to_space<MemSpace>(lists.cols);
+  for (const Block& b : lists.blocks) {
+    if (b.rows == 0 || b.cols == 0) continue;
+    const index_t rb = b.row_begin;
+    const index_t cb = b.col_begin;
+    const index_t nc = b.cols;
+    const index_t off = b.offset;
+    Kokkos::parallel_for(
+        "kshard::redistribute::unpack",
+        Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {b.rows, b.cols}),
+        KOKKOS_LAMBDA(const index_t i, const index_t j) {
+          shard(rows(rb + i), cols(cb + j)) = buffer(off + i * nc + j);
+        });
+  }
+}
+
+// out(out_rows[a], out_cols[b]) = in(in_rows[a], in_cols[b]): a local copy between two
+// shards, for blocks that line up entry by entry (no message).
+template <class ExecSpace, class In, class Out>
+void copy_blocks(const In& in, const BlockLists& from, const Out& out, const BlockLists& to) {
+  using MemSpace = typename Out::memory_space;
+  const auto in_rows = to_space<MemSpace>(from.rows);
+  const auto in_cols = to_space<MemSpace>(from.cols);
+  const auto out_rows = to_space<MemSpace>(to.rows);
+  const auto out_cols = to_space<MemSpace>(to.cols);
+  for (std::size_t k = 0; k < from.blocks.size(); ++k) {
+    const Block& b = from.blocks[k];
+    if (b.rows == 0 || b.cols == 0) continue;
+    const index_t rb = b.row_begin;
+    const index_t cb = b.col_begin;
+    const index_t orb = to.blocks[k].row_begin;
+    const index_t ocb = to.blocks[k].col_begin;
+    Kokkos::parallel_for(
+        "kshard::redistribute::copy",
+        Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {b.rows, b.cols}),
+        KOKKOS_LAMBDA(const index_t i, const index_t j) {
+          out(out_rows(orb + i), out_cols(ocb + j)) = in(in_rows(rb + i), in_cols(cb + j));
+        });
+  }
+}
+
+// shard /= divisor, elementwise (the mean of a Partial<avg>).
+template <class ExecSpace, class Shard>
+void divide_all(const Shard& shard, int divisor) {
+  using T = typename Shard::non_const_value_type;
+  const T d = static_cast<T>(divisor);
+  const auto rows = static_cast<index_t>(shard.extent(0));
+  const auto cols = static_cast<index_t>(shard.extent(1));
+  if (rows == 0 || cols == 0) return;
+  Kokkos::parallel_for(
+      "kshard::redistribute::average",
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {rows, cols}),
+      KOKKOS_LAMBDA(const index_t i, const index_t j) { shard(i, j) = shard(i, j) / d; });
+}
+
+}  // namespace kshard::detail
