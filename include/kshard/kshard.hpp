@@ -17,3 +17,4 @@
 #include "kshard/redistribute.hpp"
 #include "kshard/repair.hpp"
 #include "kshard/rowwise.hpp"
+#include "kshard/tensor_parallel.hpp"

@@ -1,1 +1,780 @@
-// Tests for kshard/tensor_parallel.hpp (in progress).
+// Tensor-parallel primitives (kshard/tensor_parallel.hpp) on meshes (n), (1, n), (n, 1) and
+// (2, n/2), against serial references computed from the whole matrices on every rank: the
+// vocabulary-parallel lookup and its backward, reduce-from / copy-to TP, row- and column-
+// parallel linear layers forward and backward, the collectives each one issues, and every
+// refusal (the same message on every rank, nothing written).
+
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kshard/comm_stats.hpp"
+#include "kshard/distribute.hpp"
+#include "kshard/format.hpp"
+#include "kshard/tensor_parallel.hpp"
+#include "kshard_test.hpp"
+
+namespace {
+
+using kshard::HostMatrix;
+using kshard::index_t;
+using kshard::Layout;
+using kshard::Replicate;
+using kshard::Shard;
+using kshard::StridedShard;
+using kshard::test::all_ranks;
+using kshard::test::collective_error;
+using kshard::test::ExecSpace;
+using kshard::test::MemSpace;
+using kshard::test::reference_matrix;
+using kshard::test::world_rank;
+using kshard::test::world_size;
+
+template <class T>
+using DeviceMatrix = Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>;
+template <class T>
+using DeviceVector = Kokkos::View<T*, MemSpace>;
+
+template <class T>
+DeviceMatrix<T> to_device(const HostMatrix<T>& host) {
+  DeviceMatrix<T> d("device", host.extent(0), host.extent(1));
+  Kokkos::deep_copy(d, host);
+  return d;
+}
+
+template <class T, class U>
+DeviceVector<T> to_device(const std::vector<U>& host) {
+  Kokkos::View<T*, Kokkos::HostSpace> h("host", host.size());
+  for (std::size_t i = 0; i < host.size(); ++i) h(i) = static_cast<T>(host[i]);
+  DeviceVector<T> d("device", host.size());
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+
+template <class V>
+auto to_host(const V& v) {
+  return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+}
+
+template <class T, class L, std::size_t M>
+auto make(const kshard::Mesh<M>& mesh, const L& layout, const HostMatrix<T>& full) {
+  return kshard::distribute<ExecSpace, MemSpace>(mesh, layout, HostMatrix<const T>(full));
+}
+
+// The columns of `full` that `map` holds, in local order.
+template <class T, class Map>
+HostMatrix<T> local_cols(const HostMatrix<T>& full, const Map& map) {
+  HostMatrix<T> local("local_cols", full.extent(0), static_cast<std::size_t>(map.local_extent()));
+  for (std::size_t i = 0; i < full.extent(0); ++i)
+    for (index_t c = 0; c < map.local_extent(); ++c)
+      local(i, static_cast<std::size_t>(c)) = full(i, static_cast<std::size_t>(map.to_global(c)));
+  return local;
+}
+
+bool close(double got, double want, double tol) {
+  return std::abs(got - want) <= tol * (1.0 + std::abs(want));
+}
+
+// The 2-D meshes every test runs on, with the mesh dimension used as tp: (1, n) tp = 1,
+// (n, 1) tp = 0, and for even n (2, n/2) with tp = 1 and tp = 0.
+template <class F>
+void for_each_tp_mesh(F&& f) {
+  const int n = world_size();
+  {
+    kshard::Mesh<2> mesh(MPI_COMM_WORLD, {1, n}, {"dp", "tp"});
+    f(mesh, std::size_t{1});
+  }
+  {
+    kshard::Mesh<2> mesh(MPI_COMM_WORLD, {n, 1}, {"tp", "dp"});
+    f(mesh, std::size_t{0});
+  }
+  if (n % 2 == 0) {
+    kshard::Mesh<2> mesh(MPI_COMM_WORLD, {2, n / 2}, {"dp", "tp"});
+    f(mesh, std::size_t{1});
+    f(mesh, std::size_t{0});
+  }
+}
+
+// Calls f with the layout placing `p` on mesh dimension `tp` and Replicate on the other.
+template <class P, class F>
+void with_tp_layout(std::size_t tp, P p, F&& f) {
+  if (tp == 0)
+    f(Layout(p, Replicate{}));
+  else
+    f(Layout(Replicate{}, p));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Vocabulary-parallel lookup
+
+template <class T, class Id, class L>
+void check_lookup(const kshard::Mesh<2>& mesh, std::size_t tp, const L& layout, index_t vocab,
+                  index_t hidden, const std::vector<index_t>& ids, double scale,
+                  std::optional<index_t> padding, std::uint64_t seed) {
+  using Out = kshard::lookup_value_t<T>;
+  SCOPED_TRACE(::testing::Message()
+               << fmt::format("{} on {}, tp = {}: V = {}, H = {}, N = {}, scale {}, {}-bit ids",
+                              layout, mesh, tp, vocab, hidden, ids.size(), scale, 8 * sizeof(Id)));
+  const auto n = static_cast<index_t>(ids.size());
+  const bool reduces = mesh.extent(tp) > 1;
+  const auto full = reference_matrix<T>(vocab, hidden, seed);
+  const auto table = make(mesh, layout, full);
+  const auto device_ids = to_device<Id>(ids);
+
+  // Forward: exactly the id agreement and one all-reduce of N x H elements.
+  kshard::reset_comm_stats();
+  const auto out = kshard::vocab_parallel_lookup(table, device_ids, tp, scale);
+  const auto stats = kshard::comm_stats();
+  static_assert(std::is_same_v<typename decltype(out)::value_type, Out>);
+  bool ok = stats.collectives == 1 + (reduces ? 1 : 0) &&
+            stats.bytes_sent == static_cast<std::int64_t>(sizeof(int)) +
+                                    (reduces ? n * hidden * static_cast<index_t>(sizeof(Out)) : 0);
+  EXPECT_TRUE(all_ranks(ok)) << stats.collectives << " collectives, " << stats.bytes_sent
+                             << " bytes";
+  const auto got = to_host(out);
+  ok = static_cast<index_t>(got.extent(0)) == n && static_cast<index_t>(got.extent(1)) == hidden;
+  for (index_t i = 0; ok && i < n; ++i)
+    for (index_t j = 0; j < hidden; ++j) {
+      const auto id = static_cast<std::size_t>(ids[static_cast<std::size_t>(i)]);
+      const Out want =
+          static_cast<Out>(full(id, static_cast<std::size_t>(j))) * static_cast<Out>(scale);
+      ok = ok && got(static_cast<std::size_t>(i), static_cast<std::size_t>(j)) == want;
+    }
+  EXPECT_TRUE(all_ranks(ok)) << "forward";
+
+  // Backward: adds into a gradient that already holds values; sends nothing.
+  const auto prior = reference_matrix<T>(vocab, hidden, seed + 1);
+  const auto grad_table = make(mesh, layout, prior);
+  const auto grad_out_host = reference_matrix<Out>(n, hidden, seed + 2);
+  const auto grad_out = to_device(grad_out_host);
+  kshard::reset_comm_stats();
+  kshard::vocab_parallel_lookup_backward(grad_table, device_ids, grad_out, tp, scale, padding);
+  ok = kshard::comm_stats().collectives == 0 && kshard::comm_stats().bytes_sent == 0;
+  EXPECT_TRUE(all_ranks(ok)) << "the backward communicated";
+  const auto grad = kshard::gather(grad_table);
+  const double tol = std::is_same_v<T, kshard::bf16> ? 1e-2 : 1e-6;
+  ok = true;
+  for (index_t v = 0; v < vocab; ++v)
+    for (index_t j = 0; j < hidden; ++j) {
+      const auto sv = static_cast<std::size_t>(v);
+      const auto sj = static_cast<std::size_t>(j);
+      Out sum = 0;
+      bool hit = false;
+      for (index_t i = 0; i < n; ++i)
+        if (ids[static_cast<std::size_t>(i)] == v && padding != v) {
+          sum += static_cast<Out>(scale) * grad_out_host(static_cast<std::size_t>(i), sj);
+          hit = true;
+        }
+      const double want =
+          hit ? static_cast<double>(static_cast<T>(static_cast<Out>(prior(sv, sj)) + sum))
+              : static_cast<double>(prior(sv, sj));
+      ok = ok && close(static_cast<double>(grad(sv, sj)), want, tol);
+    }
+  EXPECT_TRUE(all_ranks(ok)) << "backward";
+}
+
+std::vector<index_t> random_ids(std::size_t n, index_t vocab, std::uint64_t seed) {
+  auto rng = kshard::test::shared_rng(seed);
+  std::uniform_int_distribution<index_t> id(0, vocab - 1);
+  std::vector<index_t> ids(n);
+  for (auto& i : ids) i = id(rng);
+  return ids;
+}
+
+TEST(VocabParallelLookup, ForwardAndBackwardAgainstSerial) {
+  std::uint64_t seed = 4000;
+  for_each_tp_mesh([&](const kshard::Mesh<2>& mesh, std::size_t tp) {
+    with_tp_layout(tp, Shard<0>{}, [&](const auto& layout) {
+      // Uneven V, repeated ids, int32 ids.
+      check_lookup<float, std::int32_t>(mesh, tp, layout, 7, 5, random_ids(13, 7, seed), 1.0,
+                                        std::nullopt, seed);
+      seed += 10;
+      // V < tp at 3 and 4 ranks, int64 ids, scale, a padding id that appears.
+      check_lookup<double, std::int64_t>(mesh, tp, layout, 2, 3, {1, 0, 1, 1, 0}, 2.5, 0, seed);
+      seed += 10;
+      // N = 0, bf16 table (float output).
+      check_lookup<kshard::bf16, std::int64_t>(mesh, tp, layout, 10, 4, {}, 1.0, std::nullopt,
+                                               seed);
+      seed += 10;
+      check_lookup<kshard::bf16, std::int32_t>(mesh, tp, layout, 5, 6, {4, 4, 0, 3}, 3.0, 3, seed);
+      seed += 10;
+    });
+    with_tp_layout(tp, StridedShard<0>{2}, [&](const auto& layout) {
+      check_lookup<float, std::int32_t>(mesh, tp, layout, 11, 4, random_ids(9, 11, seed),
+                                        std::sqrt(4.0), 3, seed);
+      seed += 10;
+      check_lookup<double, std::int64_t>(mesh, tp, layout, 3, 2, {2, 2, 2}, 1.0, std::nullopt,
+                                         seed);
+      seed += 10;
+    });
+  });
+}
+
+TEST(VocabParallelLookup, OneDimensionalMesh) {
+  kshard::Mesh<1> line(MPI_COMM_WORLD, {world_size()}, {"tp"});
+  const auto full = reference_matrix<float>(9, 3, 77);
+  const auto table = make(line, Layout(Shard<0>{}), full);
+  const std::vector<index_t> ids{8, 0, 4, 8};
+  const auto out = to_host(kshard::vocab_parallel_lookup(table, to_device<std::int64_t>(ids), 0));
+  bool ok = true;
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    for (std::size_t j = 0; j < 3; ++j)
+      ok = ok && out(i, j) == full(static_cast<std::size_t>(ids[i]), j);
+  EXPECT_TRUE(all_ranks(ok));
+}
+
+TEST(VocabParallelLookup, BadIdsRaiseOnEveryRankAndWriteNothing) {
+  const int size = world_size();
+  kshard::Mesh<2> mesh(MPI_COMM_WORLD, {1, size}, {"dp", "tp"});
+  const Layout layout(Replicate{}, Shard<0>{});
+  const auto full = reference_matrix<float>(7, 4, 31);
+  const auto table = make(mesh, layout, full);
+  auto message = collective_error([&] {
+    (void)kshard::vocab_parallel_lookup(table, to_device<std::int32_t>(std::vector<int>{0, -1, 2}),
+                                        1);
+  });
+  EXPECT_NE(message.find("token id -1 is out of range for a vocabulary of 7 rows"),
+            std::string::npos)
+      << message;
+  message = collective_error([&] {
+    (void)kshard::vocab_parallel_lookup(table, to_device<std::int64_t>(std::vector<int>{7}), 1);
+  });
+  EXPECT_NE(message.find("token id 7 is out of range"), std::string::npos) << message;
+
+  // A bad id on the last rank only: every rank throws its message.
+  const bool last = world_rank() == size - 1;
+  message = collective_error([&] {
+    const std::vector<int> ids = last ? std::vector<int>{0, 9} : std::vector<int>{0, 1};
+    (void)kshard::vocab_parallel_lookup(table, to_device<std::int32_t>(ids), 1);
+  });
+  EXPECT_NE(message.find("token id 9 is out of range"), std::string::npos) << message;
+
+  // Backward: the same refusal, and the gradient is untouched.
+  const auto grad_table = make(mesh, layout, full);
+  const auto grad_out = to_device(reference_matrix<float>(3, 4, 32));
+  message = collective_error([&] {
+    kshard::vocab_parallel_lookup_backward(
+        grad_table, to_device<std::int64_t>(std::vector<int>{1, 7, 2}), grad_out, 1);
+  });
+  EXPECT_NE(message.find("token id 7 is out of range"), std::string::npos) << message;
+  message = collective_error([&] {
+    kshard::vocab_parallel_lookup_backward(
+        grad_table, to_device<std::int64_t>(std::vector<int>{1, -2, 2}), grad_out, 1);
+  });
+  EXPECT_NE(message.find("token id -2 is out of range"), std::string::npos) << message;
+  const auto after = kshard::gather(grad_table);
+  bool same = true;
+  for (std::size_t r = 0; r < 7; ++r)
+    for (std::size_t c = 0; c < 4; ++c) same = same && after(r, c) == full(r, c);
+  EXPECT_TRUE(all_ranks(same));
+}
+
+TEST(VocabParallelLookup, RefusesWrongLayoutsAndShapes) {
+  const int size = world_size();
+  kshard::Mesh<2> mesh(MPI_COMM_WORLD, {size, 1}, {"dp", "tp"});
+  const auto full = reference_matrix<double>(6, 3, 41);
+  const auto table = make(mesh, Layout(Shard<0>{}, Replicate{}), full);
+  const auto ids = to_device<std::int32_t>(std::vector<int>{1, 2});
+  auto message = collective_error([&] { (void)kshard::vocab_parallel_lookup(table, ids, 1); });
+  EXPECT_NE(message.find("does not shard tensor dimension 0 over mesh dimension 1 ('tp')"),
+            std::string::npos)
+      << message;
+  message = collective_error([&] { (void)kshard::vocab_parallel_lookup(table, ids, 2); });
+  EXPECT_NE(message.find("tp_dim is 2, but the mesh Mesh(dp="), std::string::npos) << message;
+
+  const auto grad_table = make(mesh, Layout(Shard<0>{}, Replicate{}), full);
+  message = collective_error([&] {
+    kshard::vocab_parallel_lookup_backward(grad_table, ids,
+                                           to_device(reference_matrix<double>(2, 4, 1)), 0);
+  });
+  EXPECT_NE(message.find("grad_output is 2 x 4 but there are 2 ids and the table is 6 x 3"),
+            std::string::npos)
+      << message;
+  message = collective_error([&] {
+    kshard::vocab_parallel_lookup_backward(grad_table, ids,
+                                           to_device(reference_matrix<double>(2, 3, 1)), 0, 1.0, 6);
+  });
+  EXPECT_NE(message.find("padding id 6 is out of range"), std::string::npos) << message;
+  const auto after = kshard::gather(grad_table);
+  bool same = true;
+  for (std::size_t r = 0; r < 6; ++r)
+    for (std::size_t c = 0; c < 3; ++c) same = same && after(r, c) == full(r, c);
+  EXPECT_TRUE(all_ranks(same));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reduce from / copy to the tensor-parallel region
+
+TEST(TensorParallelRegion, ReduceAndCopyPairs) {
+  for_each_tp_mesh([&](const kshard::Mesh<2>& mesh, std::size_t tp) {
+    SCOPED_TRACE(::testing::Message() << fmt::format("{}, tp = {}", mesh, tp));
+    const bool reduces = mesh.extent(tp) > 1;
+    auto value = [](int rank, std::size_t i, std::size_t j) {
+      return 100.0 * rank + 10.0 * static_cast<double>(i) + static_cast<double>(j);
+    };
+    // Expected sum over the ranks that differ from this one only along tp.
+    auto summed = [&](std::size_t i, std::size_t j) {
+      double sum = 0;
+      auto coords = mesh.coords();
+      for (int c = 0; c < mesh.extent(tp); ++c) {
+        coords[tp] = c;
+        sum += value(mesh.rank_of(coords), i, j);
+      }
+      return sum;
+    };
+    HostMatrix<double> host("host", 3, 4);
+    for (std::size_t i = 0; i < 3; ++i)
+      for (std::size_t j = 0; j < 4; ++j) host(i, j) = value(mesh.my_rank(), i, j);
+
+    // reduce_from_tp forward: one all-reduce of 12 doubles; backward: identity, silent.
+    auto values = to_device(host);
+    kshard::reset_comm_stats();
+    kshard::reduce_from_tp<ExecSpace>(mesh, tp, values);
+    bool ok = kshard::comm_stats().collectives == (reduces ? 1 : 0) &&
+              kshard::comm_stats().bytes_sent == (reduces ? 12 * 8 : 0);
+    auto got = to_host(values);
+    for (std::size_t i = 0; i < 3; ++i)
+      for (std::size_t j = 0; j < 4; ++j) ok = ok && got(i, j) == summed(i, j);
+    kshard::reset_comm_stats();
+    const auto identity = kshard::reduce_from_tp_backward(values);
+    ok = ok && identity.data() == values.data() && kshard::comm_stats().collectives == 0;
+    EXPECT_TRUE(all_ranks(ok)) << "reduce_from_tp";
+
+    // copy_to_tp forward: identity, silent; backward: the all-reduce.
+    auto grads = to_device(host);
+    kshard::reset_comm_stats();
+    ok = kshard::copy_to_tp(grads).data() == grads.data() && kshard::comm_stats().collectives == 0;
+    kshard::copy_to_tp_backward<ExecSpace>(mesh, tp, grads);
+    ok = ok && kshard::comm_stats().collectives == (reduces ? 1 : 0);
+    got = to_host(grads);
+    for (std::size_t i = 0; i < 3; ++i)
+      for (std::size_t j = 0; j < 4; ++j) ok = ok && got(i, j) == summed(i, j);
+    EXPECT_TRUE(all_ranks(ok)) << "copy_to_tp";
+
+    // A rank-1 int64 view, and a non-contiguous column slice whose other columns stay.
+    Kokkos::View<std::int64_t*, MemSpace> counts("counts", 2);
+    Kokkos::deep_copy(counts, std::int64_t{mesh.my_rank() + 1});
+    kshard::reduce_from_tp<ExecSpace>(mesh, tp, counts);
+    auto wide = to_device(host);
+    const auto slice = Kokkos::subview(wide, Kokkos::ALL, std::make_pair(1, 3));
+    kshard::reduce_from_tp<ExecSpace>(mesh, tp, slice);
+    const auto counts_host = to_host(counts);
+    std::int64_t want_count = 0;
+    auto coords = mesh.coords();
+    for (int c = 0; c < mesh.extent(tp); ++c) {
+      coords[tp] = c;
+      want_count += mesh.rank_of(coords) + 1;
+    }
+    ok = counts_host(0) == want_count && counts_host(1) == want_count;
+    got = to_host(wide);
+    for (std::size_t i = 0; i < 3; ++i)
+      for (std::size_t j = 0; j < 4; ++j)
+        ok = ok && got(i, j) == (j == 1 || j == 2 ? summed(i, j) : host(i, j));
+    EXPECT_TRUE(all_ranks(ok)) << "rank-1 and strided views";
+  });
+  kshard::Mesh<1> line(MPI_COMM_WORLD, {world_size()});
+  auto values = to_device(reference_matrix<float>(2, 2, 5));
+  const auto message =
+      collective_error([&] { kshard::reduce_from_tp<ExecSpace>(line, 1, values); });
+  EXPECT_NE(message.find("kshard::reduce_from_tp: tp_dim is 1"), std::string::npos) << message;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row- and column-parallel linear layers
+
+// Serial reference: the whole layer in double.
+struct LinearReference {
+  HostMatrix<double> w, x, b, gy, gw, gb;  // weight, input, bias, output grad, prior grads
+  index_t n, out, in;
+
+  LinearReference(index_t n_, index_t out_, index_t in_, std::uint64_t seed)
+      : w(reference_matrix<double>(out_, in_, seed)),
+        x(reference_matrix<double>(n_, in_, seed + 1)),
+        b(reference_matrix<double>(1, out_, seed + 2)),
+        gy(reference_matrix<double>(n_, out_, seed + 3)),
+        gw(reference_matrix<double>(out_, in_, seed + 4)),
+        gb(reference_matrix<double>(1, out_, seed + 5)),
+        n(n_),
+        out(out_),
+        in(in_) {}
+  static std::size_t u(index_t i) { return static_cast<std::size_t>(i); }
+  double y(index_t i, index_t o, bool bias) const {
+    double s = bias ? b(0, u(o)) : 0.0;
+    for (index_t k = 0; k < in; ++k) s += x(u(i), u(k)) * w(u(o), u(k));
+    return s;
+  }
+  double gx(index_t i, index_t k) const {
+    double s = 0;
+    for (index_t o = 0; o < out; ++o) s += gy(u(i), u(o)) * w(u(o), u(k));
+    return s;
+  }
+  double gw_after(index_t o, index_t k) const {
+    double s = gw(u(o), u(k));
+    for (index_t i = 0; i < n; ++i) s += gy(u(i), u(o)) * x(u(i), u(k));
+    return s;
+  }
+  double gb_after(index_t o) const {
+    double s = gb(0, u(o));
+    for (index_t i = 0; i < n; ++i) s += gy(u(i), u(o));
+    return s;
+  }
+};
+
+template <class T>
+HostMatrix<T> cast(const HostMatrix<double>& m) {
+  HostMatrix<T> c("cast", m.extent(0), m.extent(1));
+  for (std::size_t i = 0; i < m.extent(0); ++i)
+    for (std::size_t j = 0; j < m.extent(1); ++j) c(i, j) = static_cast<T>(m(i, j));
+  return c;
+}
+
+template <class T>
+DeviceVector<T> row_vector(const HostMatrix<double>& m) {
+  std::vector<double> v(m.extent(1));
+  for (std::size_t j = 0; j < v.size(); ++j) v[j] = m(0, j);
+  return to_device<T>(v);
+}
+
+template <class T>
+double tolerance(index_t terms) {
+  return (std::is_same_v<T, float> ? 1e-6 : 1e-14) * static_cast<double>(terms + 1);
+}
+
+template <class T, class L>
+void check_row_parallel(const kshard::Mesh<2>& mesh, std::size_t tp, const L& layout, index_t n,
+                        index_t out, index_t in, bool with_bias, std::uint64_t seed) {
+  SCOPED_TRACE(::testing::Message()
+               << fmt::format("row-parallel {} on {}, tp = {}: N = {}, {} x {}", layout, mesh, tp,
+                              n, out, in));
+  const LinearReference ref(n, out, in, seed);
+  const bool reduces = mesh.extent(tp) > 1;
+  const auto weight = make(mesh, layout, cast<T>(ref.w));
+  const auto grad_weight = make(mesh, layout, cast<T>(ref.gw));
+  const auto& cols = weight.mapping().cols;
+  const auto x_local = to_device(local_cols(cast<T>(ref.x), cols));
+  const auto bias = row_vector<T>(ref.b);
+  const auto grad_bias = row_vector<T>(ref.gb);
+  const auto grad_y = to_device(cast<T>(ref.gy));
+
+  kshard::reset_comm_stats();
+  const auto y = with_bias ? kshard::row_parallel_linear(weight, x_local, bias, tp)
+                           : kshard::row_parallel_linear(weight, x_local, tp);
+  bool ok = kshard::comm_stats().collectives == 1 + (reduces ? 1 : 0) &&
+            kshard::comm_stats().bytes_sent ==
+                static_cast<std::int64_t>(sizeof(int)) +
+                    (reduces ? n * out * static_cast<index_t>(sizeof(T)) : 0);
+  EXPECT_TRUE(all_ranks(ok)) << "forward collectives " << kshard::comm_stats().collectives;
+  const auto y_host = to_host(y);
+  ok = static_cast<index_t>(y_host.extent(0)) == n && static_cast<index_t>(y_host.extent(1)) == out;
+  for (index_t i = 0; ok && i < n; ++i)
+    for (index_t o = 0; o < out; ++o)
+      ok = ok && close(y_host(ref.u(i), ref.u(o)), ref.y(i, o, with_bias), tolerance<T>(in));
+  EXPECT_TRUE(all_ranks(ok)) << "forward";
+
+  kshard::reset_comm_stats();
+  const auto grad_x =
+      with_bias ? kshard::row_parallel_linear_backward(weight, x_local, grad_y, grad_weight,
+                                                       grad_bias, tp)
+                : kshard::row_parallel_linear_backward(weight, x_local, grad_y, grad_weight, tp);
+  ok = kshard::comm_stats().collectives == 0;
+  EXPECT_TRUE(all_ranks(ok)) << "the backward communicated";
+  const auto gx = to_host(grad_x);
+  ok = static_cast<index_t>(gx.extent(0)) == n &&
+       static_cast<index_t>(gx.extent(1)) == cols.local_extent();
+  for (index_t i = 0; ok && i < n; ++i)
+    for (index_t c = 0; c < cols.local_extent(); ++c)
+      ok = ok && close(gx(ref.u(i), ref.u(c)), ref.gx(i, cols.to_global(c)), tolerance<T>(out));
+  const auto gw = kshard::gather(grad_weight);
+  for (index_t o = 0; o < out; ++o)
+    for (index_t k = 0; k < in; ++k)
+      ok = ok && close(gw(ref.u(o), ref.u(k)), ref.gw_after(o, k), tolerance<T>(n));
+  const auto gb = to_host(grad_bias);
+  for (index_t o = 0; o < out; ++o)
+    ok = ok &&
+         close(gb(ref.u(o)), with_bias ? ref.gb_after(o) : ref.gb(0, ref.u(o)), tolerance<T>(n));
+  EXPECT_TRUE(all_ranks(ok)) << "backward";
+}
+
+template <class T, class L>
+void check_column_parallel(const kshard::Mesh<2>& mesh, std::size_t tp, const L& layout, index_t n,
+                           index_t out, index_t in, bool with_bias, std::uint64_t seed) {
+  SCOPED_TRACE(::testing::Message()
+               << fmt::format("column-parallel {} on {}, tp = {}: N = {}, {} x {}", layout, mesh,
+                              tp, n, out, in));
+  const LinearReference ref(n, out, in, seed);
+  const bool reduces = mesh.extent(tp) > 1;
+  const auto weight = make(mesh, layout, cast<T>(ref.w));
+  const auto grad_weight = make(mesh, layout, cast<T>(ref.gw));
+  const auto& rows = weight.mapping().rows;
+  const auto x = to_device(cast<T>(ref.x));
+  const auto bias_local = to_device(local_cols(cast<T>(ref.b), rows));
+  const auto grad_bias_local = to_device(local_cols(cast<T>(ref.gb), rows));
+  const auto grad_y_local = to_device(local_cols(cast<T>(ref.gy), rows));
+  const auto bias_1d = Kokkos::subview(bias_local, 0, Kokkos::ALL);
+  const auto grad_bias_1d = Kokkos::subview(grad_bias_local, 0, Kokkos::ALL);
+
+  kshard::reset_comm_stats();
+  const auto y = with_bias ? kshard::column_parallel_linear(weight, x, bias_1d, tp)
+                           : kshard::column_parallel_linear(weight, x, tp);
+  bool ok = kshard::comm_stats().collectives == 0;
+  EXPECT_TRUE(all_ranks(ok)) << "the forward communicated";
+  const auto y_host = to_host(y);
+  ok = static_cast<index_t>(y_host.extent(0)) == n &&
+       static_cast<index_t>(y_host.extent(1)) == rows.local_extent();
+  for (index_t i = 0; ok && i < n; ++i)
+    for (index_t r = 0; r < rows.local_extent(); ++r)
+      ok = ok && close(y_host(ref.u(i), ref.u(r)), ref.y(i, rows.to_global(r), with_bias),
+                       tolerance<T>(in));
+  EXPECT_TRUE(all_ranks(ok)) << "forward";
+
+  kshard::reset_comm_stats();
+  const auto grad_x =
+      with_bias ? kshard::column_parallel_linear_backward(weight, x, grad_y_local, grad_weight,
+                                                          grad_bias_1d, tp)
+                : kshard::column_parallel_linear_backward(weight, x, grad_y_local, grad_weight, tp);
+  ok = kshard::comm_stats().collectives == 1 + (reduces ? 1 : 0) &&
+       kshard::comm_stats().bytes_sent ==
+           static_cast<std::int64_t>(sizeof(int)) +
+               (reduces ? n * in * static_cast<index_t>(sizeof(T)) : 0);
+  EXPECT_TRUE(all_ranks(ok)) << "backward collectives " << kshard::comm_stats().collectives;
+  const auto gx = to_host(grad_x);
+  ok = static_cast<index_t>(gx.extent(0)) == n && static_cast<index_t>(gx.extent(1)) == in;
+  for (index_t i = 0; ok && i < n; ++i)
+    for (index_t k = 0; k < in; ++k)
+      ok = ok && close(gx(ref.u(i), ref.u(k)), ref.gx(i, k), tolerance<T>(out));
+  const auto gw = kshard::gather(grad_weight);
+  for (index_t o = 0; o < out; ++o)
+    for (index_t k = 0; k < in; ++k)
+      ok = ok && close(gw(ref.u(o), ref.u(k)), ref.gw_after(o, k), tolerance<T>(n));
+  const auto gb = to_host(grad_bias_local);
+  for (index_t r = 0; r < rows.local_extent(); ++r) {
+    const index_t o = rows.to_global(r);
+    ok = ok &&
+         close(gb(0, ref.u(r)), with_bias ? ref.gb_after(o) : ref.gb(0, ref.u(o)), tolerance<T>(n));
+  }
+  EXPECT_TRUE(all_ranks(ok)) << "backward";
+}
+
+TEST(RowParallelLinear, ForwardAndBackwardAgainstSerial) {
+  std::uint64_t seed = 5000;
+  for_each_tp_mesh([&](const kshard::Mesh<2>& mesh, std::size_t tp) {
+    with_tp_layout(tp, Shard<1>{}, [&](const auto& layout) {
+      check_row_parallel<float>(mesh, tp, layout, 5, 6, 7, true, seed += 10);      // uneven in
+      check_row_parallel<double>(mesh, tp, layout, 3, 2, 3, true, seed += 10);     // empty shards
+      check_row_parallel<double>(mesh, tp, layout, 0, 4, 5, true, seed += 10);     // N = 0
+      check_row_parallel<float>(mesh, tp, layout, 21, 19, 37, false, seed += 10);  // edge tiles
+      check_row_parallel<double>(mesh, tp, layout, 9, 17, 12, true, seed += 10);
+    });
+    with_tp_layout(tp, StridedShard<1>{2}, [&](const auto& layout) {
+      check_row_parallel<double>(mesh, tp, layout, 4, 5, 9, true, seed += 10);
+    });
+  });
+}
+
+TEST(ColumnParallelLinear, ForwardAndBackwardAgainstSerial) {
+  std::uint64_t seed = 6000;
+  for_each_tp_mesh([&](const kshard::Mesh<2>& mesh, std::size_t tp) {
+    with_tp_layout(tp, Shard<0>{}, [&](const auto& layout) {
+      check_column_parallel<float>(mesh, tp, layout, 5, 7, 6, true, seed += 10);
+      check_column_parallel<double>(mesh, tp, layout, 3, 3, 2, true, seed += 10);
+      check_column_parallel<double>(mesh, tp, layout, 0, 5, 4, true, seed += 10);
+      check_column_parallel<float>(mesh, tp, layout, 18, 37, 23, false, seed += 10);
+      check_column_parallel<double>(mesh, tp, layout, 9, 19, 10, true, seed += 10);
+    });
+    with_tp_layout(tp, StridedShard<0>{3}, [&](const auto& layout) {
+      check_column_parallel<double>(mesh, tp, layout, 4, 10, 3, true, seed += 10);
+    });
+  });
+}
+
+// A Megatron MLP pair: column-parallel up, row-parallel down, with no communication between
+// them; forward and the chained backward against the serial product.
+TEST(TensorParallelLinear, ColumnThenRowPair) {
+  for_each_tp_mesh([&](const kshard::Mesh<2>& mesh, std::size_t tp) {
+    SCOPED_TRACE(::testing::Message() << fmt::format("{}, tp = {}", mesh, tp));
+    const index_t n = 4, hidden = 5, ffn = 7;
+    const auto w1 = reference_matrix<double>(ffn, hidden, 71);
+    const auto w2 = reference_matrix<double>(hidden, ffn, 72);
+    const auto x = reference_matrix<double>(n, hidden, 73);
+    const auto gy = reference_matrix<double>(n, hidden, 74);
+    with_tp_layout(tp, Shard<0>{}, [&](const auto& up_layout) {
+      with_tp_layout(tp, Shard<1>{}, [&](const auto& down_layout) {
+        const auto up = make(mesh, up_layout, w1);
+        const auto down = make(mesh, down_layout, w2);
+        const auto up_grad = make(mesh, up_layout, HostMatrix<double>("z", ffn, hidden));
+        const auto down_grad = make(mesh, down_layout, HostMatrix<double>("z", hidden, ffn));
+        const auto x_dev = to_device(x);
+        const auto u_local = kshard::column_parallel_linear(up, x_dev, tp);
+        const auto y = to_host(kshard::row_parallel_linear(down, u_local, tp));
+        const auto gu_local =
+            kshard::row_parallel_linear_backward(down, u_local, to_device(gy), down_grad, tp);
+        const auto gx =
+            to_host(kshard::column_parallel_linear_backward(up, x_dev, gu_local, up_grad, tp));
+        bool ok = true;
+        for (std::size_t i = 0; i < 4; ++i)
+          for (std::size_t j = 0; j < 5; ++j) {
+            double want_y = 0, want_gx = 0;
+            for (std::size_t f = 0; f < 7; ++f) {
+              double u = 0, gu = 0;
+              for (std::size_t k = 0; k < 5; ++k) {
+                u += x(i, k) * w1(f, k);
+                gu += gy(i, k) * w2(k, f);
+              }
+              want_y += u * w2(j, f);
+              want_gx += gu * w1(f, j);
+            }
+            ok = ok && close(y(i, j), want_y, 1e-13) && close(gx(i, j), want_gx, 1e-13);
+          }
+        EXPECT_TRUE(all_ranks(ok));
+      });
+    });
+  });
+}
+
+// The local products on their own: every variant, full and edge tiles, several column chunks
+// of the transposed operand, overwrite and accumulate, against a triple loop.
+template <class T>
+void check_gemm(index_t m, index_t n, index_t k, std::uint64_t seed) {
+  SCOPED_TRACE(::testing::Message()
+               << fmt::format("gemm {} x {} x {}, {}-byte elements", m, n, k, sizeof(T)));
+  const auto a = cast<T>(reference_matrix<double>(m, k, seed));       // M x K
+  const auto at = cast<T>(reference_matrix<double>(k, m, seed + 1));  // K x M
+  const auto b = cast<T>(reference_matrix<double>(k, n, seed + 2));   // K x N
+  const auto bt = cast<T>(reference_matrix<double>(n, k, seed + 3));  // N x K
+  const auto c0 = cast<T>(reference_matrix<double>(m, n, seed + 4));
+  auto run = [&](int variant, bool accumulate) {
+    auto c = to_device(c0);
+    if (variant == 0) kshard::detail::gemm_nn<ExecSpace>(to_device(a), to_device(b), c, accumulate);
+    if (variant == 1)
+      kshard::detail::gemm_tn<ExecSpace>(to_device(at), to_device(b), c, accumulate);
+    if (variant == 2)
+      kshard::detail::gemm_nt<ExecSpace>(to_device(a), to_device(bt), c, accumulate, 5);
+    const auto got = to_host(c);
+    bool ok = true;
+    for (std::size_t i = 0; i < got.extent(0); ++i)
+      for (std::size_t j = 0; j < got.extent(1); ++j) {
+        double want = accumulate ? static_cast<double>(c0(i, j)) : 0.0;
+        for (std::size_t p = 0; p < static_cast<std::size_t>(k); ++p) {
+          const double x = variant == 1 ? at(p, i) : a(i, p);
+          const double y = variant == 2 ? bt(j, p) : b(p, j);
+          want += x * y;
+        }
+        ok = ok && close(static_cast<double>(got(i, j)), want, tolerance<T>(k));
+      }
+    EXPECT_TRUE(ok) << "variant " << variant << (accumulate ? ", accumulate" : "");
+  };
+  for (int variant = 0; variant < 3; ++variant) {
+    run(variant, false);
+    run(variant, true);
+  }
+}
+
+TEST(TensorParallelGemm, EveryVariantAgainstTripleLoop) {
+  check_gemm<float>(9, 35, 13, 90);  // full and edge tiles in both directions
+  check_gemm<double>(8, 16, 1, 91);  // full tiles only
+  check_gemm<double>(3, 7, 0, 92);   // K = 0
+  check_gemm<float>(0, 4, 3, 93);    // M = 0
+  check_gemm<double>(13, 11, 29, 94);
+}
+
+TEST(TensorParallelLinear, RefusesWrongShapesLayoutsAndMeshes) {
+  const int size = world_size();
+  const bool last = world_rank() == size - 1;
+  kshard::Mesh<2> mesh(MPI_COMM_WORLD, {1, size}, {"dp", "tp"});
+  const auto w = reference_matrix<float>(6, 5, 81);
+  const Layout row_layout(Replicate{}, Shard<1>{});
+  const Layout column_layout(Replicate{}, Shard<0>{});
+  const auto row_weight = make(mesh, row_layout, w);
+  const auto column_weight = make(mesh, column_layout, w);
+  const auto in_local = static_cast<std::size_t>(row_weight.mapping().cols.local_extent());
+  const DeviceMatrix<float> x_local("x_local", 2, in_local);
+  const DeviceMatrix<float> x("x", 2, 5);
+  const DeviceVector<float> bias("bias", 6);
+
+  // x_local with a wrong width on every rank, then on the last rank only.
+  auto message = collective_error([&] {
+    (void)kshard::row_parallel_linear(row_weight, DeviceMatrix<float>("bad", 2, in_local + 1), bias,
+                                      1);
+  });
+  EXPECT_NE(message.find("kshard::row_parallel_linear: x_local on rank 0 is 2 x "),
+            std::string::npos)
+      << message;
+  message = collective_error([&] {
+    (void)kshard::row_parallel_linear(
+        row_weight, last ? DeviceMatrix<float>("bad", 2, in_local + 2) : x_local, 1);
+  });
+  EXPECT_NE(message.find(fmt::format("x_local on rank {} is 2 x ", size - 1)), std::string::npos)
+      << message;
+  message = collective_error([&] {
+    (void)kshard::row_parallel_linear(row_weight, x_local, DeviceVector<float>("b", 5), 1);
+  });
+  EXPECT_NE(message.find("the bias has 5 elements but the weight is 6 x 5"), std::string::npos)
+      << message;
+
+  // Wrong mesh dimension, out-of-range tp_dim.
+  message = collective_error([&] { (void)kshard::row_parallel_linear(row_weight, x_local, 0); });
+  EXPECT_NE(message.find("does not shard tensor dimension 1 over mesh dimension 0 ('dp')"),
+            std::string::npos)
+      << message;
+  message = collective_error([&] { (void)kshard::column_parallel_linear(column_weight, x, 3); });
+  EXPECT_NE(message.find("tp_dim is 3"), std::string::npos) << message;
+
+  // Column-parallel shapes, forward (local) and backward (agreed).
+  message = collective_error([&] {
+    (void)kshard::column_parallel_linear(column_weight, DeviceMatrix<float>("bad", 2, 4), 1);
+  });
+  EXPECT_NE(message.find("x is 2 x 4 but the weight is 6 x 5"), std::string::npos) << message;
+  const auto prior = reference_matrix<float>(6, 5, 82);
+  const auto column_grad = make(mesh, column_layout, prior);
+  const auto out_local = static_cast<std::size_t>(column_weight.mapping().rows.local_extent());
+  message = collective_error([&] {
+    (void)kshard::column_parallel_linear_backward(
+        column_weight, x, DeviceMatrix<float>("gy", 2, last ? out_local + 1 : out_local),
+        column_grad, 1);
+  });
+  EXPECT_NE(message.find(fmt::format("grad_y_local on rank {} is 2 x ", size - 1)),
+            std::string::npos)
+      << message;
+
+  // Gradient matrices of the wrong shape or on another mesh; nothing written.
+  const auto row_grad = make(mesh, row_layout, prior);
+  message = collective_error([&] {
+    (void)kshard::row_parallel_linear_backward(
+        row_weight, x_local, DeviceMatrix<float>("gy", 2, 6),
+        make(mesh, row_layout, reference_matrix<float>(7, 5, 1)), 1);
+  });
+  EXPECT_NE(message.find("grad_weight is 7 x 5 but the weight is 6 x 5"), std::string::npos)
+      << message;
+  message = collective_error([&] {
+    (void)kshard::row_parallel_linear_backward(row_weight, x_local, DeviceMatrix<float>("gy", 2, 7),
+                                               row_grad, 1);
+  });
+  EXPECT_NE(message.find("grad_y is 2 x 7 but the weight is 6 x 5"), std::string::npos) << message;
+  if (size > 1) {
+    kshard::Mesh<2> other(MPI_COMM_WORLD, {size, 1}, {"dp", "tp"});
+    message = collective_error([&] {
+      (void)kshard::row_parallel_linear_backward(
+          row_weight, x_local, DeviceMatrix<float>("gy", 2, 6), make(other, row_layout, prior), 1);
+    });
+    EXPECT_NE(message.find("not the same mesh"), std::string::npos) << message;
+  }
+  bool same = true;
+  auto unchanged = [&](const auto& grad) {
+    const auto after = kshard::gather(grad);
+    for (std::size_t r = 0; r < 6; ++r)
+      for (std::size_t c = 0; c < 5; ++c) same = same && after(r, c) == prior(r, c);
+  };
+  unchanged(row_grad);
+  unchanged(column_grad);
+  EXPECT_TRUE(all_ranks(same)) << "a refused call wrote a gradient";
+}
+
+}  // namespace
