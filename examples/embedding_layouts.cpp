@@ -9,6 +9,7 @@
 #include <kshard/kshard.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (moved here in fmt 11)
 
 #include <cstdio>
 #include <string>

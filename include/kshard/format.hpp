@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (moved here in fmt 11)
 
 #include "kshard/dist_matrix.hpp"
 #include "kshard/layout_mapping.hpp"

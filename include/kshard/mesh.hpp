@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (moved here in fmt 11)
 
 #include "kshard/detail/mpi.hpp"
 #include "kshard/error.hpp"

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (moved here in fmt 11)
 
 #include "kshard/bfloat16.hpp"
 #include "kshard/detail/staging.hpp"
