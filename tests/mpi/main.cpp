@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "kshard/log.hpp"
+#include "kshard_test.hpp"
 
 namespace {
 
@@ -68,7 +69,9 @@ int main(int argc, char** argv) {
       auto* inner = listeners.Release(listeners.default_result_printer());
       listeners.Append(new FailurePrinter(rank, inner));
     } else {
-      std::printf("kshard MPI tests on %d rank(s), backend %s\n", size, KSHARD_TEST_BACKEND_NAME);
+      std::printf("kshard MPI tests on %d rank(s), backend %s; replay with KSHARD_TEST_SEED=%llu\n",
+                  size, KSHARD_TEST_BACKEND_NAME,
+                  static_cast<unsigned long long>(kshard::test::base_seed()));
     }
     listeners.Append(new FailureCounter(rank));
     const int mine = RUN_ALL_TESTS();

@@ -293,6 +293,29 @@ TEST(Repair, RandomCasesAgainstSerialReference) {
         });
 }
 
+// Determinism: the same input on the same layout gives the same bits, run after run.
+TEST(Repair, RepeatedRunsAreBitIdentical) {
+  const auto grid = kshard::test::dp_tp_mesh();
+  Layout layout(StridedShard<0>{2}, Shard<1>{});
+  auto rng = kshard::test::shared_rng(77);
+  auto input_full = kshard::test::reference_matrix<float>(40, 12, 77);
+  const auto output_full = kshard::test::reference_matrix<float>(40, 12, 78);
+  damage(input_full, rng, 4);
+  std::vector<kshard::HostMatrix<float>> results;
+  std::vector<std::string> reports;
+  for (int run = 0; run < 3; ++run) {
+    auto input = make(grid, layout, input_full);
+    const auto output = make(grid, layout, output_full);
+    const auto report = kshard::repair_embedding_rows(input, output, RepairConfig(true, 1e-6, 8));
+    reports.push_back(fmt::format("{}", *report));
+    results.push_back(kshard::gather(input));
+  }
+  bool same = true;
+  for (int run = 1; run < 3; ++run)
+    same = same && bitwise_equal(results[0], results[run]) && reports[0] == reports[run];
+  EXPECT_TRUE(all_ranks(same));
+}
+
 // ---- Refusals: the same error on every rank, nothing changed ----
 
 template <class Matrix, class Call>

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <tuple>
@@ -97,8 +98,20 @@ std::vector<std::array<int, N>> mesh_shapes(int size) {
   return shapes;
 }
 
+// The base of every random case: KSHARD_TEST_SEED replays (or varies) the whole set; the test
+// main prints it, and each randomised check traces its own salt.
+inline std::uint64_t base_seed() {
+  static const std::uint64_t seed = [] {
+    const char* text = std::getenv("KSHARD_TEST_SEED");
+    return text != nullptr ? std::strtoull(text, nullptr, 0) : std::uint64_t{0x5eed};
+  }();
+  return seed;
+}
+
 // The same pseudo-random stream on every rank (tests need rank-independent global data).
-inline std::mt19937_64 shared_rng(std::uint64_t salt) { return std::mt19937_64(0x5eed + salt); }
+inline std::mt19937_64 shared_rng(std::uint64_t salt) {
+  return std::mt19937_64(base_seed() + salt);
+}
 
 // The placements every test enumerates layouts from.
 using AnyPlacement = std::tuple<kshard::Replicate, kshard::Shard<0>, kshard::Shard<1>,
