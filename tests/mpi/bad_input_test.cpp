@@ -1,0 +1,217 @@
+// The bad-input catalogue: every argument kshard refuses, given wrong on every rank and on one
+// rank only. A collective operation must raise the same kshard::error on every rank within
+// the test timeout, leave the matrices bit for bit unchanged (checksums before and after), and
+// leave the process able to run the next collective. Operations that do not communicate
+// (zero_row, RepairConfig, the lookup backward) raise on exactly the ranks given a bad value
+// and never block the others.
+
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kshard/kshard.hpp"
+#include "kshard_test.hpp"
+
+namespace {
+
+using kshard::index_t;
+using kshard::Layout;
+using kshard::Replicate;
+using kshard::Shard;
+using kshard::StridedShard;
+using kshard::test::all_ranks;
+using kshard::test::collective_error;
+using kshard::test::ExecSpace;
+using kshard::test::MemSpace;
+using kshard::test::world_rank;
+using kshard::test::world_size;
+
+using Rows = Layout<Shard<0>>;
+using Matrix = kshard::DistMatrix<float, Rows, ExecSpace, MemSpace>;
+
+// FNV-1a over the gathered bytes: identical before and after a refusal.
+template <class M>
+std::uint64_t checksum(const M& matrix) {
+  const auto full = kshard::gather(matrix);
+  std::uint64_t hash = 1469598103934665603ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(full.data());
+  for (std::size_t i = 0; i < full.span() * sizeof(float); ++i)
+    hash = (hash ^ bytes[i]) * 1099511628211ull;
+  return hash;
+}
+
+// `bad(here)`: the operation with a bad argument where `here` is true. Runs it bad on every
+// rank, then bad on the last rank only; each time every rank must throw a message containing
+// one of `phrases`, the same everywhere, and `watched` must not change.
+void expect_collective_refusal(const std::string& name, const std::vector<std::string>& phrases,
+                               const std::function<void(bool)>& bad,
+                               const std::vector<const Matrix*>& watched = {},
+                               bool one_rank_only = false) {
+  for (const bool everywhere : {true, false}) {
+    if (one_rank_only && (everywhere || world_size() == 1)) continue;
+    SCOPED_TRACE(fmt::format("{}: bad on {}", name, everywhere ? "every rank" : "the last rank"));
+    std::vector<std::uint64_t> before;
+    for (const Matrix* m : watched) before.push_back(checksum(*m));
+    const bool here = everywhere || world_rank() == world_size() - 1;
+    const std::string message = collective_error([&] { bad(here); });
+    bool named = false;
+    for (const auto& phrase : phrases) named = named || message.find(phrase) != std::string::npos;
+    EXPECT_TRUE(named) << "'" << message << "'";
+    std::vector<std::uint64_t> after;
+    for (const Matrix* m : watched) after.push_back(checksum(*m));
+    EXPECT_TRUE(all_ranks(before == after)) << "a refusal changed a matrix";
+  }
+  EXPECT_TRUE(all_ranks(true));  // the next collective still runs
+}
+
+// A local check: exactly the ranks given a bad value throw, the others carry on.
+void expect_local_refusal(const std::string& name, const std::string& phrase,
+                          const std::function<void(bool)>& bad) {
+  for (const bool everywhere : {true, false}) {
+    SCOPED_TRACE(fmt::format("{}: bad on {}", name, everywhere ? "every rank" : "the last rank"));
+    const bool here = everywhere || world_rank() == world_size() - 1;
+    std::string message;
+    try {
+      bad(here);
+    } catch (const kshard::error& e) {
+      message = e.what();
+    }
+    EXPECT_TRUE(all_ranks(here ? message.find(phrase) != std::string::npos : message.empty()))
+        << message;
+  }
+}
+
+// A reference table; with `zero_row_1`, row 1 is zero (a damaged embedding row).
+kshard::HostMatrix<float> table(index_t rows, index_t cols, bool zero_row_1 = false) {
+  auto full = kshard::test::reference_matrix<float>(rows, cols, 99);
+  if (zero_row_1)
+    for (index_t c = 0; c < cols; ++c) full(1, static_cast<std::size_t>(c)) = 0.0f;
+  return full;
+}
+
+Matrix make(const kshard::Mesh<1>& mesh, const kshard::HostMatrix<float>& full) {
+  return kshard::distribute<ExecSpace, MemSpace>(mesh, Rows{},
+                                                 kshard::HostMatrix<const float>(full));
+}
+
+TEST(BadInput, MeshAndMatrixConstruction) {
+  const int size = world_size();
+  expect_collective_refusal("mesh shape", {"holds", "differs between ranks"}, [&](bool here) {
+    kshard::Mesh<1> mesh(MPI_COMM_WORLD, {here ? size + 1 : size});
+  });
+  kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size});
+  using Strided = Layout<StridedShard<0>>;
+  expect_collective_refusal("split factor", {"split factor 0", "differ between ranks"},
+                            [&](bool here) {
+                              kshard::DistMatrix<float, Strided, ExecSpace, MemSpace> m(
+                                  mesh, Strided(StridedShard<0>{here ? 0 : 2}), 8, 3);
+                            });
+  expect_collective_refusal("negative split factor", {"split factor -1", "differ between ranks"},
+                            [&](bool here) {
+                              kshard::DistMatrix<float, Strided, ExecSpace, MemSpace> m(
+                                  mesh, Strided(StridedShard<0>{here ? -1 : 2}), 8, 3);
+                            });
+  const auto mine = static_cast<std::size_t>(kshard::chunk_extent(8, size, mesh.my_rank()));
+  expect_collective_refusal("wrapped view shape", {"wrapped local view"}, [&](bool here) {
+    Matrix m(mesh, Rows{}, 8, 3, Matrix::view_type("v", here ? mine + 1 : mine, 3));
+  });
+}
+
+TEST(BadInput, ZeroRowOutOfRange) {
+  kshard::Mesh<1> mesh(MPI_COMM_WORLD, {world_size()});
+  const auto m = make(mesh, table(6, 4, true));
+  const auto before = checksum(m);
+  // The good calls zero row 1, which is already zero: nothing may change anywhere.
+  expect_local_refusal("row >= V", "row 6 is out of range",
+                       [&](bool here) { kshard::zero_row(m, here ? 6 : 1); });
+  expect_local_refusal("row < -V", "row -7 is out of range",
+                       [&](bool here) { kshard::zero_row(m, here ? -7 : 1); });
+  EXPECT_TRUE(all_ranks(before == checksum(m)));
+}
+
+TEST(BadInput, RepairConfigAndArguments) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const double bad_norm : {nan, inf, -inf, -1.0})
+    expect_local_refusal(fmt::format("min_norm {}", bad_norm), "min_norm is",
+                         [&](bool here) { kshard::RepairConfig(true, here ? bad_norm : 1e-4, 4); });
+  for (const index_t bad_rows : {index_t{0}, index_t{-3}})
+    expect_local_refusal(fmt::format("max_rows {}", bad_rows), "max_rows is",
+                         [&](bool here) { kshard::RepairConfig(true, 1e-4, here ? bad_rows : 4); });
+
+  const int size = world_size();
+  kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size});
+  // 10 rows: no shard is empty at 1-4 ranks, so "tied on the last rank only" is tied storage.
+  const auto input = make(mesh, table(10, 4, true));  // one damaged row
+  const auto output = make(mesh, table(10, 4));
+  const kshard::RepairConfig config(true, 1e-4, 4);
+  expect_collective_refusal(
+      "config differs", {"differs between ranks"},
+      [&](bool here) {
+        (void)kshard::repair_embedding_rows(input, output,
+                                            kshard::RepairConfig(true, here ? 1e-3 : 1e-4, 4));
+      },
+      {&input, &output}, /*one_rank_only=*/true);
+  expect_collective_refusal(
+      "tied storage", {"tied weights"},
+      [&](bool here) { (void)kshard::repair_embedding_rows(input, here ? input : output, config); },
+      {&input, &output});
+  const auto damaged_output = make(mesh, table(10, 4, true));
+  expect_collective_refusal(
+      "damaged output rows", {"are damaged too"},
+      [&](bool) { (void)kshard::repair_embedding_rows(input, damaged_output, config); },
+      {&input, &damaged_output});
+  const auto zeros = make(mesh, kshard::HostMatrix<float>("zeros", 10, 4));
+  expect_collective_refusal(
+      "all rows damaged", {"more than max_rows", "no healthy rows"},
+      [&](bool) { (void)kshard::repair_embedding_rows(zeros, output, config); }, {&zeros, &output});
+  const auto wide = make(mesh, kshard::test::reference_matrix<float>(10, 5, 3));
+  expect_collective_refusal("shape mismatch", {"is 10 x 5 but input embedding"},
+                            [&](bool) { (void)kshard::repair_embedding_rows(input, wide, config); },
+                            {&input, &wide});
+  using Strided = Layout<StridedShard<0>>;
+  const auto strided_in = kshard::distribute<ExecSpace, MemSpace>(
+      mesh, Strided(StridedShard<0>{2}), kshard::HostMatrix<const float>(table(10, 4, true)));
+  expect_collective_refusal(
+      "layout mismatch", {"layouts differ", "differ between ranks"}, [&](bool here) {
+        const auto out =
+            kshard::distribute<ExecSpace, MemSpace>(mesh, Strided(StridedShard<0>{here ? 3 : 2}),
+                                                    kshard::HostMatrix<const float>(table(10, 4)));
+        (void)kshard::repair_embedding_rows(strided_in, out, config);
+      });
+}
+
+TEST(BadInput, TokenIds) {
+  const int size = world_size();
+  kshard::Mesh<2> mesh(MPI_COMM_WORLD, {1, size}, {"dp", "tp"});
+  using TpLayout = Layout<Replicate, Shard<0>>;
+  const auto full = kshard::test::reference_matrix<float>(11, 4, 5);
+  const auto tokens = kshard::distribute<ExecSpace, MemSpace>(
+      mesh, TpLayout{}, kshard::HostMatrix<const float>(full));
+  for (const std::int64_t bad_id : {std::int64_t{-1}, std::int64_t{11}, std::int64_t{1} << 40}) {
+    expect_collective_refusal(fmt::format("id {}", bad_id), {"vocab_parallel_lookup"},
+                              [&](bool here) {
+                                Kokkos::View<std::int64_t*, MemSpace> ids("ids", 3);
+                                Kokkos::deep_copy(ids, here ? bad_id : 2);
+                                (void)kshard::vocab_parallel_lookup(tokens, ids, 1);
+                              });
+  }
+  // The backward does not communicate: a bad gradient shape throws where it is given.
+  auto grad_table = kshard::distribute<ExecSpace, MemSpace>(
+      mesh, TpLayout{}, kshard::HostMatrix<const float>(kshard::HostMatrix<float>("g", 11, 4)));
+  expect_local_refusal("gradient shape", "vocab_parallel_lookup_backward", [&](bool here) {
+    Kokkos::View<std::int64_t*, MemSpace> ids("ids", 3);
+    Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> grad("grad", 3, here ? 5 : 4);
+    kshard::vocab_parallel_lookup_backward(grad_table, ids, grad, 1);
+  });
+}
+
+}  // namespace
