@@ -116,11 +116,13 @@ struct LayoutMapping {
 
 /// The mapping of a `rows x cols` matrix for mesh coordinate `coord` on a mesh of `shape`,
 /// where mesh dimension m acts as `actions[m]`. Split factors must be > 0 (matrices check).
+/// Host only (std::array is not device code without relaxed constexpr); the mapping it
+/// returns is device-callable.
 template <std::size_t N>
-KSHARD_FUNCTION LayoutMapping<N> map_layout(const std::array<MeshDimAction, N>& actions,
-                                            const std::array<int, N>& shape,
-                                            const std::array<int, N>& coord, index_t rows,
-                                            index_t cols) {
+constexpr inline LayoutMapping<N> map_layout(const std::array<MeshDimAction, N>& actions,
+                                             const std::array<int, N>& shape,
+                                             const std::array<int, N>& coord, index_t rows,
+                                             index_t cols) {
   LayoutMapping<N> mapping{AxisMap<N>(rows), AxisMap<N>(cols)};
   for (std::size_t m = 0; m < N; ++m) {
     const MeshDimAction& a = actions[m];

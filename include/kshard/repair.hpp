@@ -82,6 +82,29 @@ struct RepairReport {
   std::optional<double> target_norm;  ///< norm of the repaired rows, when any were repaired
 };
 
+}  // namespace kshard
+
+// Before the first use below: nvcc's front end checks the non-dependent fmt::format call in
+// repair_rows when it is defined, and wants the specialisation declared by then.
+template <>
+struct fmt::formatter<kshard::RepairReport> : kshard::detail::plain_formatter {
+  template <class Ctx>
+  auto format(const kshard::RepairReport& r, Ctx& ctx) const {
+    if (r.repaired_row_ids.empty())
+      return fmt::format_to(ctx.out(), "{}: no damaged rows (min norm {:g})", r.input_name,
+                            r.min_norm_before);
+    return fmt::format_to(ctx.out(),
+                          "{}: repaired {} row(s) [{}] with {} directions; min norm before {:g}, "
+                          "target norm {:g}",
+                          r.input_name, r.repaired_row_ids.size(),
+                          fmt::join(r.repaired_row_ids, ", "),
+                          r.output_name ? *r.output_name : std::string("mean healthy-row"),
+                          r.min_norm_before, r.target_norm ? *r.target_norm : 0.0);
+  }
+};
+
+namespace kshard {
+
 namespace detail {
 
 // Local rows of the damaged ids this rank holds: `position` indexes the sorted id list.
@@ -410,20 +433,3 @@ std::optional<RepairReport> repair_embedding_rows(const In& input, const RepairC
 }
 
 }  // namespace kshard
-
-template <>
-struct fmt::formatter<kshard::RepairReport> : kshard::detail::plain_formatter {
-  template <class Ctx>
-  auto format(const kshard::RepairReport& r, Ctx& ctx) const {
-    if (r.repaired_row_ids.empty())
-      return fmt::format_to(ctx.out(), "{}: no damaged rows (min norm {:g})", r.input_name,
-                            r.min_norm_before);
-    return fmt::format_to(ctx.out(),
-                          "{}: repaired {} row(s) [{}] with {} directions; min norm before {:g}, "
-                          "target norm {:g}",
-                          r.input_name, r.repaired_row_ids.size(),
-                          fmt::join(r.repaired_row_ids, ", "),
-                          r.output_name ? *r.output_name : std::string("mean healthy-row"),
-                          r.min_norm_before, r.target_norm ? *r.target_norm : 0.0);
-  }
-};

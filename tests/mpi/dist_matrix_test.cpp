@@ -106,13 +106,10 @@ TEST(DistMatrix, RoundTripSeveralLayoutsOnMeshRank3) {
   }
 }
 
-// The maps work inside kernels on the backend: each element is set from its global indices.
-TEST(DistMatrix, MapsInsideKernels) {
-  kshard::Mesh<2> mesh(MPI_COMM_WORLD, {1, world_size()}, {"dp", "tp"});
-  kshard::Layout layout(Shard<1>{}, StridedShard<0>{2});
-  const index_t rows = 11;
-  const index_t cols = 5;
-  Matrix<double, decltype(layout)> matrix(mesh, layout, rows, cols);
+// Sets each element from its global indices, in a kernel (a free function: nvcc allows no
+// device lambda in a gtest body, which is a private member function).
+template <class M>
+void fill_from_global_indices(const M& matrix) {
   const auto map = matrix.mapping();
   const auto local = matrix.local();
   Kokkos::parallel_for(
@@ -127,6 +124,16 @@ TEST(DistMatrix, MapsInsideKernels) {
                           ? static_cast<double>(100 * r + c)
                           : -1.0;
       });
+}
+
+// The maps work inside kernels on the backend: each element is set from its global indices.
+TEST(DistMatrix, MapsInsideKernels) {
+  kshard::Mesh<2> mesh(MPI_COMM_WORLD, {1, world_size()}, {"dp", "tp"});
+  kshard::Layout layout(Shard<1>{}, StridedShard<0>{2});
+  const index_t rows = 11;
+  const index_t cols = 5;
+  Matrix<double, decltype(layout)> matrix(mesh, layout, rows, cols);
+  fill_from_global_indices(matrix);
   const auto full = kshard::gather(matrix);
   bool ok = true;
   for (index_t r = 0; r < rows; ++r)

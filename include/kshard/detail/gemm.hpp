@@ -22,10 +22,13 @@
 
 // Complete unrolling of the constant-bound tile loops, requested before the loop vectoriser
 // sees them (at -O3 GCC would otherwise vectorise them as loops and leave the accumulators in
-// memory, a 3x slowdown).
-#if defined(__CUDACC__) || defined(__HIPCC__) || defined(__clang__) || \
+// memory, a 3x slowdown). nvcc's host pass accepts neither spelling without a warning (its
+// front end knows no GCC pragma, and GCC behind it no plain unroll), so it gets none.
+#if defined(__CUDA_ARCH__) || defined(__HIPCC__) || defined(__clang__) || \
     defined(__INTEL_LLVM_COMPILER)
 #define KSHARD_UNROLL _Pragma("unroll")
+#elif defined(__CUDACC__)
+#define KSHARD_UNROLL
 #elif defined(__GNUC__)
 #define KSHARD_UNROLL _Pragma("GCC unroll 32")
 #else
