@@ -19,7 +19,14 @@
 #include <utility>
 #include <vector>
 
+// The instruction set the benchmark was compiled for (bench/CMakeLists.txt sets it).
+#if !defined(KSHARD_BENCH_ISA)
+#define KSHARD_BENCH_ISA "generic"
+#endif
+
 namespace kshard::bench {
+
+inline constexpr const char* isa = KSHARD_BENCH_ISA;
 
 struct Options {
   bool quick = false;  // a short run for CI: small sizes, few repetitions
@@ -65,6 +72,41 @@ double time_collective(MPI_Comm comm, int repetitions, Run&& run) {
       comm, repetitions, [] {}, run);
 }
 
+// A case and its baseline timed in alternation, so that both see the same load on a shared
+// machine (timed one after the other, a burst of other work can land on either and swing
+// their ratio by 10x). `ratio` is the median of the per-repetition ratios case / baseline.
+struct Paired {
+  double seconds = 0;
+  double baseline = 0;
+  double ratio = 0;
+};
+
+template <class Case, class Baseline>
+Paired time_paired(MPI_Comm comm, int repetitions, Case&& run_case, Baseline&& run_baseline) {
+  const auto once = [comm](auto& run) {
+    MPI_Barrier(comm);
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double slowest = 0;
+    MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
+    return slowest;
+  };
+  once(run_case);  // warm-up of both
+  once(run_baseline);
+  std::vector<double> a, b, ratios;
+  for (int r = 0; r < repetitions; ++r) {
+    a.push_back(once(run_case));
+    b.push_back(once(run_baseline));
+    ratios.push_back(a.back() / b.back());
+  }
+  const auto median = [](std::vector<double>& v) {
+    std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  return {median(a), median(b), median(ratios)};
+}
+
 // Peak resident set size of this process, in MiB (Linux).
 inline double peak_rss_mib() {
   std::ifstream status("/proc/self/status");
@@ -84,9 +126,9 @@ class Report {
 
   // `fields` is a JSON fragment such as R"("seconds": 0.1, "ratio": 1.02)".
   void add(std::string_view case_name, const std::string& fields) {
-    records_.push_back(
-        fmt::format(R"({{"bench": "{}", "case": "{}", "ranks": {}, "backend": "{}", {}}})", bench_,
-                    case_name, size_, Kokkos::DefaultExecutionSpace::name(), fields));
+    records_.push_back(fmt::format(
+        R"({{"bench": "{}", "case": "{}", "ranks": {}, "backend": "{}", "isa": "{}", {}}})", bench_,
+        case_name, size_, Kokkos::DefaultExecutionSpace::name(), isa, fields));
     if (rank_ == 0) std::printf("%-32s %s\n", std::string(case_name).c_str(), fields.c_str());
   }
 

@@ -1,0 +1,227 @@
+// Vocabulary-parallel embedding lookup against what a user would write by hand, measured in the
+// same run: a plain copy of the rows this rank owns (zeros elsewhere) plus one bare
+// MPI_Allreduce of the N x H output; and against all-gathering the whole table, then looking up
+// locally. Both baselines' results are compared with kshard's once, so a broken fast path
+// cannot look good.
+
+#include <kshard/kshard.hpp>
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+
+namespace {
+
+using kshard::index_t;
+using Layout = kshard::Layout<kshard::Shard<0>>;
+template <class T>
+using Matrix = kshard::DistMatrix<T, Layout>;
+using Ids = Kokkos::View<std::int32_t*>;
+using Out = Kokkos::View<float**, Kokkos::LayoutRight>;
+
+template <class T>
+Matrix<T> make_table(const kshard::Mesh<1>& mesh, index_t rows, index_t cols) {
+  Matrix<T> m(mesh, Layout{}, rows, cols);
+  const auto local = m.local();
+  const auto map = m.mapping().rows;
+  Kokkos::parallel_for(
+      "bench::fill", static_cast<index_t>(local.extent(0)), KOKKOS_LAMBDA(const index_t i) {
+        const index_t g = map.to_global(i);
+        for (index_t j = 0; j < cols; ++j)
+          local(i, j) = static_cast<T>(0.001f * static_cast<float>((g * 31 + j) % 257));
+      });
+  Kokkos::fence();
+  return m;
+}
+
+// The same pseudo-random ids on every rank (a fixed LCG), spread over the whole vocabulary.
+Ids make_ids(index_t n, index_t vocab) {
+  Ids ids("bench::ids", static_cast<std::size_t>(n));
+  auto host = Kokkos::create_mirror_view(ids);
+  std::uint64_t state = 12345;
+  for (index_t i = 0; i < n; ++i) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    host(static_cast<std::size_t>(i)) =
+        static_cast<std::int32_t>((state >> 33) % static_cast<std::uint64_t>(vocab));
+  }
+  Kokkos::deep_copy(ids, host);
+  return ids;
+}
+
+// The hand-written lookup: the rows of the owned ids copied into a preallocated buffer (zeros
+// for the others), then one in-place MPI_Allreduce. Shard<0> owns one contiguous row range.
+template <class T>
+void plain_lookup(const Matrix<T>& table, const Ids& ids, const Out& out, MPI_Comm comm) {
+  const auto local = table.local();
+  const index_t first = table.mapping().rows.global_offset();
+  const auto owned = static_cast<index_t>(local.extent(0));
+  const auto cols = static_cast<index_t>(local.extent(1));
+  Kokkos::parallel_for(
+      "bench::plain_lookup", static_cast<index_t>(ids.extent(0)), KOKKOS_LAMBDA(const index_t i) {
+        const index_t l = static_cast<index_t>(ids(i)) - first;
+        if (l >= 0 && l < owned)
+          for (index_t j = 0; j < cols; ++j) out(i, j) = static_cast<float>(local(l, j));
+        else
+          for (index_t j = 0; j < cols; ++j) out(i, j) = 0.0f;
+      });
+  Kokkos::fence();
+  MPI_Allreduce(MPI_IN_PLACE, out.data(), static_cast<int>(out.size()), MPI_FLOAT, MPI_SUM, comm);
+}
+
+// What vocab_parallel_lookup would cost with one work item per id instead of per element
+// (to_local once per row, then a contiguous row copy) and a fresh output as it returns: the
+// proposed fix for its kernel, measured here so the gap is known.
+template <class T>
+Out per_row_lookup(const Matrix<T>& table, const Ids& ids, MPI_Comm comm) {
+  const auto local = table.local();
+  const auto rows = table.mapping().rows;
+  const auto cols = static_cast<index_t>(local.extent(1));
+  Out out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "bench::per_row"), ids.extent(0),
+          local.extent(1));
+  Kokkos::parallel_for(
+      "bench::per_row_lookup", static_cast<index_t>(ids.extent(0)), KOKKOS_LAMBDA(const index_t i) {
+        const index_t l = rows.to_local(static_cast<index_t>(ids(i)));
+        if (l != kshard::invalid_index)
+          for (index_t j = 0; j < cols; ++j) out(i, j) = static_cast<float>(local(l, j));
+        else
+          for (index_t j = 0; j < cols; ++j) out(i, j) = 0.0f;
+      });
+  Kokkos::fence();
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  if (size > 1)
+    MPI_Allreduce(MPI_IN_PLACE, out.data(), static_cast<int>(out.size()), MPI_FLOAT, MPI_SUM, comm);
+  return out;
+}
+
+// The naive alternative: every rank all-gathers the whole V x H table, then copies rows.
+template <class T>
+void allgather_lookup(const Matrix<T>& table, const Ids& ids, const Out& out,
+                      Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace>& full,
+                      MPI_Comm comm) {
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  std::vector<int> counts(static_cast<std::size_t>(size));
+  std::vector<int> displs(static_cast<std::size_t>(size));
+  const int mine = static_cast<int>(table.local().size() * sizeof(T));
+  MPI_Allgather(&mine, 1, MPI_INT, counts.data(), 1, MPI_INT, comm);
+  for (std::size_t r = 1; r < counts.size(); ++r) displs[r] = displs[r - 1] + counts[r - 1];
+  MPI_Allgatherv(table.local().data(), mine, MPI_BYTE, full.data(), counts.data(), displs.data(),
+                 MPI_BYTE, comm);
+  const auto cols = static_cast<index_t>(full.extent(1));
+  const auto f = full;
+  Kokkos::parallel_for(
+      "bench::allgather_lookup", static_cast<index_t>(ids.extent(0)),
+      KOKKOS_LAMBDA(const index_t i) {
+        for (index_t j = 0; j < cols; ++j) out(i, j) = static_cast<float>(f(ids(i), j));
+      });
+  Kokkos::fence();
+}
+
+bool same(const Out& a, const Out& b) {
+  const auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+  const auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  for (std::size_t k = 0; k < ha.span(); ++k)
+    if (ha.data()[k] != hb.data()[k]) return false;
+  return true;
+}
+
+template <class T>
+void run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t vocab, index_t hidden,
+         index_t n, const kshard::bench::Options& options, const std::string& type) {
+  const MPI_Comm comm = mesh.comm();
+  const auto table = make_table<T>(mesh, vocab, hidden);
+  const auto ids = make_ids(n, vocab);
+  const int reps = options.repetitions;
+
+  kshard::reset_comm_stats();
+  Out result = kshard::vocab_parallel_lookup(table, ids, 0);
+  Kokkos::fence();
+  const auto bytes = kshard::comm_stats().bytes_sent;
+
+  Out plain("bench::plain", static_cast<std::size_t>(n), static_cast<std::size_t>(hidden));
+  const auto t = kshard::bench::time_paired(
+      comm, reps,
+      [&] {
+        result = kshard::vocab_parallel_lookup(table, ids, 0);
+        Kokkos::fence();
+      },
+      [&] { plain_lookup(table, ids, plain, comm); });
+  if (!same(result, plain)) throw std::runtime_error("tp_bench: lookup differs from the baseline");
+
+  Out fixed;
+  const auto t_fixed = kshard::bench::time_paired(
+      comm, reps, [&] { fixed = per_row_lookup(table, ids, comm); },
+      [&] { plain_lookup(table, ids, plain, comm); });
+  if (!same(fixed, plain)) throw std::runtime_error("tp_bench: per-row lookup differs");
+  report.add("per_row_lookup_sketch",
+             fmt::format(R"("type": "{}", "seconds": {:.6g}, "ratio": {:.4g})", type,
+                         t_fixed.seconds, t_fixed.ratio));
+
+  const double out_bytes = static_cast<double>(n * hidden) * sizeof(float);
+  const double t_kshard = t.seconds;
+  report.add(
+      "vocab_parallel_lookup",
+      fmt::format(
+          R"("type": "{}", "rows": {}, "cols": {}, "ids": {}, "seconds": {:.6g}, "baseline_seconds": {:.6g}, "ratio": {:.4g}, "bytes_sent": {}, "gbps": {:.4g})",
+          type, vocab, hidden, n, t.seconds, t.baseline, t.ratio, bytes,
+          out_bytes / t.seconds / 1e9));
+
+  double rss = kshard::bench::peak_rss_mib();
+  double max_rss = 0;
+  MPI_Allreduce(&rss, &max_rss, 1, MPI_DOUBLE, MPI_MAX, comm);
+  report.add(
+      "lookup_peak_rss",
+      fmt::format(R"("type": "{}", "mib_per_rank": {:.1f}, "table_mib_per_rank": {:.1f})", type,
+                  max_rss, static_cast<double>(table.local().span() * sizeof(T)) / 1048576.0));
+
+  // Last: the baseline holds the whole table on every rank.
+  Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace> full(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "bench::full"),
+      static_cast<std::size_t>(vocab), static_cast<std::size_t>(hidden));
+  Out gathered("bench::gathered", static_cast<std::size_t>(n), static_cast<std::size_t>(hidden));
+  const double t_gather = kshard::bench::time_collective(
+      comm, options.quick ? 1 : 3, [&] { allgather_lookup(table, ids, gathered, full, comm); });
+  if (!same(result, gathered))
+    throw std::runtime_error("tp_bench: lookup differs from the all-gather baseline");
+  report.add(
+      "allgather_table_lookup",
+      fmt::format(
+          R"("type": "{}", "rows": {}, "cols": {}, "ids": {}, "seconds": {:.6g}, "ratio": {:.4g}, "bytes_sent": {})",
+          type, vocab, hidden, n, t_gather, t_gather / t_kshard, table.local().span() * sizeof(T)));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int status = 0;
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    const auto options = kshard::bench::parse(argc, argv);
+    kshard::set_log_handler({});
+    int size = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    const kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size}, {"tp"});
+    kshard::bench::Report report("tp", mesh.comm());
+    const index_t vocab = options.quick ? 16384 : 262144;
+    const index_t hidden = options.quick ? 256 : 1024;
+    const index_t n = options.quick ? 1024 : 4096;
+    try {
+      run<float>(report, mesh, vocab, hidden, n, options, "float");
+      run<kshard::bf16>(report, mesh, vocab, hidden, n, options, "bf16");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      status = 1;
+    }
+    report.write(options.output);
+  }
+  MPI_Finalize();
+  return status;
+}
