@@ -64,6 +64,22 @@ std::array<ReduceOp, L::rank> partial_ops() {
   return ops;
 }
 
+// The compile-time checks both overloads share: a matrix of T in layout L may move to layout
+// LT on a mesh of rank NT.
+template <class T, class L, class LT, std::size_t NT>
+constexpr void check_redistribute_types() {
+  static_assert(is_layout_v<LT>, "kshard::redistribute: the target must be a kshard::Layout");
+  static_assert(LT::rank == NT,
+                "kshard::redistribute: the target layout needs one placement per dimension of "
+                "the target mesh, but its length differs from the mesh rank");
+  static_assert(LT::max_tensor_dim < 2,
+                "kshard::redistribute: the target layout shards a tensor dimension >= 2, but a "
+                "matrix only has dimensions 0 (rows) and 1 (cols)");
+  static_assert(!L::has_partial || detail::reducible_v<T>,
+                "kshard::redistribute: resolving a Partial layout needs an element type MPI "
+                "can reduce (float, double, int32_t, int64_t)");
+}
+
 // redistribute's agreement on its arguments is metadata, not the data it moves: its bytes are
 // left out of comm_stats().bytes_sent (the collectives are still counted), so the counter
 // shows exactly what the transition itself sends.
@@ -328,16 +344,7 @@ bool holds_zeros(const std::array<bool, N>& zero_dims, const std::array<int, N>&
 template <class LT, class T, class L, class E, class S>
 [[nodiscard]] DistMatrix<T, LT, E, S> redistribute(const DistMatrix<T, L, E, S>& matrix,
                                                    const LT& target_layout) {
-  static_assert(is_layout_v<LT>, "kshard::redistribute: the target must be a kshard::Layout");
-  static_assert(LT::rank == L::rank,
-                "kshard::redistribute: the target layout needs one placement per mesh "
-                "dimension, but its length differs from the mesh rank");
-  static_assert(LT::max_tensor_dim < 2,
-                "kshard::redistribute: the target layout shards a tensor dimension >= 2, but a "
-                "matrix only has dimensions 0 (rows) and 1 (cols)");
-  static_assert(!L::has_partial || detail::reducible_v<T>,
-                "kshard::redistribute: resolving a Partial layout needs an element type MPI "
-                "can reduce (float, double, int32_t, int64_t)");
+  detail::check_redistribute_types<T, L, LT, L::rank>();
   constexpr std::size_t N = L::rank;
   const Mesh<N>& mesh = matrix.mesh();
   const detail::Geometry<N> source{matrix.layout().actions(), mesh.shape(), matrix.rows(),
@@ -369,16 +376,7 @@ template <class LT, class T, class L, class E, class S, std::size_t NT>
 [[nodiscard]] DistMatrix<T, LT, E, S> redistribute(const DistMatrix<T, L, E, S>& matrix,
                                                    const Mesh<NT>& target_mesh,
                                                    const LT& target_layout) {
-  static_assert(is_layout_v<LT>, "kshard::redistribute: the target must be a kshard::Layout");
-  static_assert(LT::rank == NT,
-                "kshard::redistribute: the target layout needs one placement per dimension of "
-                "the target mesh, but its length differs from the mesh rank");
-  static_assert(LT::max_tensor_dim < 2,
-                "kshard::redistribute: the target layout shards a tensor dimension >= 2, but a "
-                "matrix only has dimensions 0 (rows) and 1 (cols)");
-  static_assert(!L::has_partial || detail::reducible_v<T>,
-                "kshard::redistribute: resolving a Partial layout needs an element type MPI "
-                "can reduce (float, double, int32_t, int64_t)");
+  detail::check_redistribute_types<T, L, LT, NT>();
   constexpr std::size_t N = L::rank;
   const Mesh<N>& mesh = matrix.mesh();
   detail::Geometry<N> source{matrix.layout().actions(), mesh.shape(), matrix.rows(), matrix.cols()};
