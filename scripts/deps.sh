@@ -6,7 +6,7 @@
 KSHARD_DEBIAN_PACKAGES=(
   cmake ninja-build g++ clang clang-format libclang-rt-14-dev
   libtrilinos-kokkos-dev libopenmpi-dev openmpi-bin libfmt-dev
-  libgtest-dev libbenchmark-dev
+  libgtest-dev libbenchmark-dev doxygen
 )
 
 # Where the OpenMP Kokkos lives: outside the clone so a fresh clone reuses it.

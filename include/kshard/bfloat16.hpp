@@ -16,9 +16,13 @@ namespace kshard {
 /// round-to-nearest-even (NaN stays NaN). Used where Kokkos has no 16-bit `bhalf_t`.
 class bfloat16 {
  public:
+  /// Positive zero.
   bfloat16() = default;
+  /// Rounds `value` to the nearest bfloat16, ties to even; NaN stays NaN. Implicit, like float.
   KSHARD_HOST_DEVICE bfloat16(float value) : bits_(round(value)) {}  // NOLINT: implicit like float
+  /// Converts `value` to float, then rounds that as above.
   KSHARD_HOST_DEVICE bfloat16(double value) : bfloat16(static_cast<float>(value)) {}  // NOLINT
+  /// The exact float value (bfloat16 is a truncated float, so widening is lossless).
   KSHARD_HOST_DEVICE operator float() const {  // NOLINT: implicit like float
     const std::uint32_t wide = static_cast<std::uint32_t>(bits_) << 16;
     float value;

@@ -23,8 +23,10 @@
 
 namespace kshard {
 
+/// True when `L` is a `kshard::Layout`.
 template <class L>
 inline constexpr bool is_layout_v = false;
+/// `is_layout_v` for every `Layout<Ps...>`: true.
 template <class... Ps>
 inline constexpr bool is_layout_v<Layout<Ps...>> = true;
 
@@ -50,14 +52,14 @@ class DistMatrix {
                 "kshard::DistMatrix: T must be a non-const trivially copyable element type");
 
  public:
-  using value_type = T;
-  using layout_type = L;
-  using execution_space = ExecSpace;
-  using memory_space = MemSpace;
-  static constexpr std::size_t mesh_rank = L::rank;
-  using mesh_type = Mesh<mesh_rank>;
-  using mapping_type = LayoutMapping<mesh_rank>;
-  using view_type = Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>;
+  using value_type = T;                              ///< element type
+  using layout_type = L;                             ///< the layout type
+  using execution_space = ExecSpace;                 ///< where kernels over the shard run
+  using memory_space = MemSpace;                     ///< where the local shard lives
+  static constexpr std::size_t mesh_rank = L::rank;  ///< number of mesh dimensions
+  using mesh_type = Mesh<mesh_rank>;                 ///< the mesh type
+  using mapping_type = LayoutMapping<mesh_rank>;     ///< one rank's index maps
+  using view_type = Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>;  ///< the local shard
 
   /// Allocates a zero-filled local shard. Collective over the mesh: every rank throws the
   /// same `kshard::error` for negative extents, split factors < 1, or ranks that disagree on
@@ -147,8 +149,10 @@ class DistMatrix {
   view_type local_;
 };
 
+/// True when `M` is a `kshard::DistMatrix` (cv-qualifiers and references not removed).
 template <class M>
 inline constexpr bool is_dist_matrix_v = false;
+/// `is_dist_matrix_v` for every `DistMatrix<T, L, E, S>`: true.
 template <class T, class L, class E, class S>
 inline constexpr bool is_dist_matrix_v<DistMatrix<T, L, E, S>> = true;
 

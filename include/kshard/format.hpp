@@ -4,6 +4,11 @@
 /// {fmt} formatters for placements, layouts, meshes and matrices, and a text picture of
 /// which mesh coordinates hold which block of a matrix (in the spirit of JAX's
 /// `visualize_array_sharding`).
+///
+/// With this header, `fmt::format("{}", x)` (no format spec) prints a placement as
+/// `Replicate()`, `Shard(0)`, `StridedShard(0, sf=2)` or `Partial(sum)`, a layout as
+/// `(StridedShard(0, sf=2), Shard(0))`, a mesh as `Mesh(dp=2, tp=2)` and a matrix as
+/// `DistMatrix<float>[10 x 6] (Replicate(), Shard(0)) on Mesh(dp=2, tp=2)`. None communicates.
 
 #include <algorithm>
 #include <array>
@@ -147,6 +152,7 @@ std::string sharding_picture(const DistMatrix<T, L, E, S>& matrix) {
 
 }  // namespace kshard
 
+/// @cond INTERNAL
 template <>
 struct fmt::formatter<kshard::Replicate> : kshard::detail::plain_formatter {
   template <class Ctx>
@@ -216,3 +222,4 @@ struct fmt::formatter<kshard::DistMatrix<T, L, E, S>> : kshard::detail::plain_fo
                           matrix.layout(), matrix.mesh());
   }
 };
+/// @endcond

@@ -23,6 +23,7 @@ struct IndexRun {
 
   /// One past the last global index of the run.
   [[nodiscard]] constexpr index_t global_end() const { return global_begin + size; }
+  /// Equal when all three fields are.
   friend constexpr bool operator==(const IndexRun&, const IndexRun&) = default;
 };
 

@@ -3,6 +3,11 @@
 /// \file
 /// The whole of kshard: `#include <kshard/kshard.hpp>`.
 
+/// \namespace kshard
+/// Distributed matrices on Kokkos and MPI: meshes, placements and layouts, `DistMatrix`, layout
+/// changes, rowwise algorithms, embedding repair and tensor-parallel layers. Everything in
+/// `kshard::detail` is internal.
+
 #include "kshard/bfloat16.hpp"
 #include "kshard/comm_stats.hpp"
 #include "kshard/dist_matrix.hpp"

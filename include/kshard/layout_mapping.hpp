@@ -21,7 +21,9 @@ namespace kshard {
 template <std::size_t MaxSplits>
 class AxisMap {
  public:
+  /// An empty axis (extent 0, no splits).
   constexpr AxisMap() = default;
+  /// An axis of `global_extent` indices, not split yet: every index is local.
   KSHARD_HOST_DEVICE constexpr explicit AxisMap(index_t global_extent)
       : global_extent_(global_extent), local_extent_(global_extent) {}
 

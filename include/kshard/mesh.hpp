@@ -147,8 +147,10 @@ class Mesh {
   std::shared_ptr<State> state_;
 };
 
+/// Deduces `N` from a braced shape: `Mesh(comm, {2, 2})` is a `Mesh<2>`.
 template <std::size_t N>
 Mesh(MPI_Comm, const int (&)[N]) -> Mesh<N>;
+/// Deduces `N` from a braced shape and names: `Mesh(comm, {2, 2}, {"dp", "tp"})`.
 template <std::size_t N>
 Mesh(MPI_Comm, const int (&)[N], const char* const (&)[N]) -> Mesh<N>;
 

@@ -40,9 +40,11 @@ constexpr std::string_view to_string(ReduceOp op) {
 
 /// Every rank along the mesh dimension holds the whole extent.
 struct Replicate {
-  static constexpr PlacementKind kind = PlacementKind::replicate;
-  static constexpr int tensor_dim = -1;
+  static constexpr PlacementKind kind = PlacementKind::replicate;  ///< `replicate`
+  static constexpr int tensor_dim = -1;                            ///< splits no tensor dimension
+  /// Always 1 (only `StridedShard` has a factor).
   [[nodiscard]] static constexpr index_t split_factor() { return 1; }
+  /// All `Replicate` placements are equal.
   friend constexpr bool operator==(Replicate, Replicate) { return true; }
 };
 
@@ -50,9 +52,11 @@ struct Replicate {
 template <int D>
 struct Shard {
   static_assert(D >= 0, "kshard::Shard<D>: the tensor dimension D must be >= 0");
-  static constexpr PlacementKind kind = PlacementKind::shard;
-  static constexpr int tensor_dim = D;
+  static constexpr PlacementKind kind = PlacementKind::shard;  ///< `shard`
+  static constexpr int tensor_dim = D;                         ///< the tensor dimension split
+  /// Always 1: a plain shard is one piece.
   [[nodiscard]] static constexpr index_t split_factor() { return 1; }
+  /// All `Shard<D>` placements are equal.
   friend constexpr bool operator==(Shard, Shard) { return true; }
 };
 
@@ -62,21 +66,25 @@ struct Shard {
 template <int D>
 struct StridedShard {
   static_assert(D >= 0, "kshard::StridedShard<D>: the tensor dimension D must be >= 0");
-  static constexpr PlacementKind kind = PlacementKind::strided_shard;
-  static constexpr int tensor_dim = D;
-  index_t factor = 1;  ///< number of pieces (runtime)
+  static constexpr PlacementKind kind = PlacementKind::strided_shard;  ///< `strided_shard`
+  static constexpr int tensor_dim = D;  ///< the tensor dimension split
+  index_t factor = 1;                   ///< number of pieces (runtime)
 
+  /// The number of pieces, `factor`.
   [[nodiscard]] constexpr index_t split_factor() const { return factor; }
+  /// Equal when the factors are.
   friend constexpr bool operator==(StridedShard, StridedShard) = default;
 };
 
 /// Every rank holds an addend; the value is the reduction `Op` across the mesh dimension.
 template <ReduceOp Op = ReduceOp::sum>
 struct Partial {
-  static constexpr PlacementKind kind = PlacementKind::partial;
-  static constexpr int tensor_dim = -1;
-  static constexpr ReduceOp op = Op;
+  static constexpr PlacementKind kind = PlacementKind::partial;  ///< `partial`
+  static constexpr int tensor_dim = -1;                          ///< splits no tensor dimension
+  static constexpr ReduceOp op = Op;                             ///< the pending reduction
+  /// Always 1 (only `StridedShard` has a factor).
   [[nodiscard]] static constexpr index_t split_factor() { return 1; }
+  /// All `Partial<Op>` placements are equal.
   friend constexpr bool operator==(Partial, Partial) { return true; }
 };
 
@@ -91,9 +99,9 @@ concept Placement = std::is_trivially_copyable_v<P> && requires(const P& p) {
 /// How one mesh dimension acts on the tensor, with the placement type erased (for the
 /// arithmetic, which needs values, not types).
 struct MeshDimAction {
-  PlacementKind kind = PlacementKind::replicate;
-  int tensor_dim = -1;       ///< tensor dimension split, or -1
-  index_t split_factor = 1;  ///< pieces for StridedShard, 1 otherwise
+  PlacementKind kind = PlacementKind::replicate;  ///< what the placement does
+  int tensor_dim = -1;                            ///< tensor dimension split, or -1
+  index_t split_factor = 1;                       ///< pieces for StridedShard, 1 otherwise
 };
 
 /// One placement per mesh dimension, applied left to right.
@@ -109,7 +117,9 @@ class Layout {
   /// Largest tensor dimension any placement splits (-1 when none does).
   static constexpr int max_tensor_dim = std::max({-1, Ps::tensor_dim...});
 
+  /// Default-constructed placements (a `StridedShard` gets factor 1).
   constexpr Layout() = default;
+  /// The layout with these placements, mesh dimension 0 first.
   constexpr explicit Layout(Ps... placements) : placements_(placements...) {}
 
   /// Placement of mesh dimension `M`.
@@ -153,6 +163,7 @@ class Layout {
   /// True when a mesh dimension splits tensor dimension `d` (Shard or StridedShard).
   [[nodiscard]] static constexpr bool splits(int d) { return ((Ps::tensor_dim == d) || ...); }
 
+  /// Equal when every placement is equal.
   friend constexpr bool operator==(const Layout&, const Layout&) = default;
 
  private:
@@ -167,6 +178,7 @@ class Layout {
   std::tuple<Ps...> placements_;
 };
 
+/// Deduces the layout type from its placements: `Layout(Replicate{}, Shard<0>{})`.
 template <Placement... Ps>
 Layout(Ps...) -> Layout<Ps...>;
 

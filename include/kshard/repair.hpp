@@ -41,6 +41,8 @@ class RepairConfig {
  public:
   /// enabled, min_norm = 1e-6, max_rows = 256, output_direction.
   RepairConfig() = default;
+  /// Sets every setting; throws `kshard::error` (locally, no communication) when `min_norm` is
+  /// negative or not finite, or `max_rows` <= 0.
   RepairConfig(bool enabled, double min_norm, index_t max_rows,
                RepairStrategy strategy = RepairStrategy::output_direction)
       : enabled_(enabled), min_norm_(min_norm), max_rows_(max_rows), strategy_(strategy) {
@@ -73,7 +75,7 @@ struct RepairNames {
   std::string output = "lm_head";      ///< the output embedding (unused without one)
 };
 
-/// What a repair found and did; identical on every rank.
+/// What a repair found and did; identical on every rank. {fmt} prints it in one line.
 struct RepairReport {
   std::string input_name;                  ///< the input embedding's name
   std::optional<std::string> output_name;  ///< set when output rows gave the directions
@@ -86,6 +88,7 @@ struct RepairReport {
 
 // Before the first use below: nvcc's front end checks the non-dependent fmt::format call in
 // repair_rows when it is defined, and wants the specialisation declared by then.
+/// @cond INTERNAL
 template <>
 struct fmt::formatter<kshard::RepairReport> : kshard::detail::plain_formatter {
   template <class Ctx>
@@ -102,6 +105,7 @@ struct fmt::formatter<kshard::RepairReport> : kshard::detail::plain_formatter {
                           r.min_norm_before, r.target_norm ? *r.target_norm : 0.0);
   }
 };
+/// @endcond
 
 namespace kshard {
 
