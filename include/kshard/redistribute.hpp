@@ -251,13 +251,24 @@ void run_step(const Mesh<N>& mesh, const Step<N>& step, const std::array<bool, N
         lists.add(overlaps(theirs.rows, need.rows), overlaps(theirs.cols, need.cols), false, total);
         total += theirs.local_size();
       }
+      const int mine_count = counts[static_cast<std::size_t>(self)];
+      if (total == static_cast<index_t>(out.size()) &&
+          lands_in_place(lists, static_cast<index_t>(out.extent(1)))) {
+        // Plain row shards of full width (Shard<0> -> Replicate): each member's block is
+        // already where it belongs in `out`, so MPI receives straight into it.
+        with_mpi_access<ExecSpace>(in, true, false, [&](const T* s) {
+          with_mpi_access<ExecSpace>(out, false, true, [&](T* r) {
+            allgatherv(s, mine_count, r, counts.data(), displs.data(), mesh.dim_comm(m));
+          });
+        });
+        return;
+      }
       Kokkos::View<T*, S> buffer(
           Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::recv"),
           static_cast<std::size_t>(mpi_count(total, "kshard::redistribute")));
       with_mpi_access<ExecSpace>(in, true, false, [&](const T* s) {
         with_mpi_access<ExecSpace>(buffer, false, true, [&](T* r) {
-          allgatherv(s, counts[static_cast<std::size_t>(self)], r, counts.data(), displs.data(),
-                     mesh.dim_comm(m));
+          allgatherv(s, mine_count, r, counts.data(), displs.data(), mesh.dim_comm(m));
         });
       });
       unpack_blocks<ExecSpace>(buffer, lists, out);
@@ -317,11 +328,102 @@ void run_plan(const Mesh<N>& mesh, const Plan<N>& plan, const ShardView<T, S>& s
   if (last_is_result && plan.steps.empty()) Kokkos::deep_copy(result, source);
 }
 
+// A matrix whose shard is allocated without a fill: redistribute writes every element of it
+// (or zeroes it), so initialising would only cost one more pass over memory.
+template <class T, class E, class S, class LT, std::size_t N>
+DistMatrix<T, LT, E, S> uninitialized_matrix(const Mesh<N>& mesh, const LT& layout, index_t rows,
+                                             index_t cols) {
+  const LayoutMapping<N> shard =
+      map_layout(layout.actions(), mesh.shape(), mesh.coords(), rows, cols);
+  ShardView<T, S> local(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute"),
+                        static_cast<std::size_t>(shard.rows.local_extent()),
+                        static_cast<std::size_t>(shard.cols.local_extent()));
+  return DistMatrix<T, LT, E, S>(mesh, layout, rows, cols, local);
+}
+
 template <std::size_t N>
 bool holds_zeros(const std::array<bool, N>& zero_dims, const std::array<int, N>& coords) {
   for (std::size_t m = 0; m < N; ++m)
     if (zero_dims[m] && coords[m] != 0) return true;
   return false;
+}
+
+// A move on the matrix's own mesh: per-dimension steps (or one whole-mesh exchange). Planning
+// throws the same error on every rank (it reads global data only).
+template <std::size_t N>
+struct SameMeshMove {
+  Plan<N> plan;
+
+  template <class T, class L, class E, class S, class LT>
+  SameMeshMove(const DistMatrix<T, L, E, S>& matrix, const LT& target_layout) {
+    const Geometry<N> source{matrix.layout().actions(), matrix.mesh().shape(), matrix.rows(),
+                             matrix.cols()};
+    plan = plan_same_mesh(source, partial_ops<L>(), target_layout.actions(), partial_ops<LT>());
+  }
+
+  // Writes this rank's shard of the target into `result` (every element).
+  template <class E, class T, class S>
+  void run(const Mesh<N>& mesh, const ShardView<T, S>& source,
+           const ShardView<T, S>& result) const {
+    run_plan<E>(mesh, plan, source, result, true);
+    if (holds_zeros(plan.zero_dims, mesh.coords())) Kokkos::deep_copy(result, T{});
+  }
+};
+
+// A move onto another mesh over the same communicator: pending reductions resolved on the
+// source mesh, then one exact all-to-all(v) over the communicator.
+template <std::size_t N, std::size_t NT>
+struct CrossMeshMove {
+  Plan<N> resolve;
+  Geometry<N> source;
+  Geometry<NT> goal;
+  std::array<bool, NT> zero_dims{};
+
+  template <class T, class L, class E, class S, class LT>
+  CrossMeshMove(const DistMatrix<T, L, E, S>& matrix, const Mesh<NT>& target_mesh,
+                const LT& target_layout)
+      : source{matrix.layout().actions(), matrix.mesh().shape(), matrix.rows(), matrix.cols()},
+        goal{target_layout.actions(), target_mesh.shape(), matrix.rows(), matrix.cols()} {
+    resolve = plan_resolve_partials(source, partial_ops<L>());
+    for (std::size_t m = 0; m < N; ++m)
+      if (source.actions[m].kind == PlacementKind::partial) source.actions[m] = replicate_action();
+    for (std::size_t m = 0; m < NT; ++m) {
+      if (goal.actions[m].kind != PlacementKind::partial) continue;
+      zero_dims[m] = LT::partial_op(m) == ReduceOp::sum && goal.shape[m] > 1;
+      goal.actions[m] = replicate_action();
+    }
+    check_message_size(std::max(source.max_local_size(), goal.max_local_size()), "redistribute");
+  }
+
+  template <class E, class T, class S>
+  void run(const Mesh<N>& mesh, const Mesh<NT>& target_mesh, const ShardView<T, S>& local,
+           const ShardView<T, S>& result) const {
+    ShardView<T, S> resolved = local;
+    if (!resolve.steps.empty()) {
+      const auto shard = source.at(mesh.coords());
+      resolved = ShardView<T, S>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::resolved"),
+          static_cast<std::size_t>(shard.rows.local_extent()),
+          static_cast<std::size_t>(shard.cols.local_extent()));
+      run_plan<E>(mesh, resolve, local, resolved, true);
+    }
+    auto src_coords = [&](int r) { return mesh.coords_of(r); };
+    auto dst_coords = [&](int r) { return target_mesh.coords_of(r); };
+    auto wants = [&](const std::array<int, NT>& c) { return !holds_zeros(zero_dims, c); };
+    exchange<E>(resolved, source, result, goal, mesh.size(), mesh.my_rank(), src_coords, dst_coords,
+                wants, mesh.comm());
+    if (holds_zeros(zero_dims, target_mesh.coords())) Kokkos::deep_copy(result, T{});
+  }
+};
+
+template <std::size_t N, std::size_t NT>
+std::optional<std::string> check_same_communicator(const Mesh<N>& mesh, const Mesh<NT>& target,
+                                                   const char* what) {
+  if (congruent(mesh.comm(), target.comm())) return std::nullopt;
+  return fmt::format(
+      "kshard::redistribute: the target {} ({} ranks) is over a different communicator than the "
+      "matrix's mesh ({} ranks); both must hold the same processes in the same order",
+      what, target.size(), mesh.size());
 }
 
 }  // namespace detail
@@ -340,28 +442,23 @@ bool holds_zeros(const std::array<bool, N>& zero_dims, const std::array<int, N>&
 /// Errors (the same `kshard::error` on every rank, before anything is allocated or sent): a
 /// target split factor < 1 or differing between ranks, a shard too large for one MPI message.
 /// `comm_stats()` counts the data this rank sends; the few bytes of the argument checks are
-/// left out of `bytes_sent`.
+/// left out of `bytes_sent`. In a loop, `redistribute_into` reuses the target's storage.
 template <class LT, class T, class L, class E, class S>
 [[nodiscard]] DistMatrix<T, LT, E, S> redistribute(const DistMatrix<T, L, E, S>& matrix,
                                                    const LT& target_layout) {
   detail::check_redistribute_types<T, L, LT, L::rank>();
-  constexpr std::size_t N = L::rank;
-  const Mesh<N>& mesh = matrix.mesh();
-  const detail::Geometry<N> source{matrix.layout().actions(), mesh.shape(), matrix.rows(),
-                                   matrix.cols()};
+  const auto& mesh = matrix.mesh();
+  std::optional<detail::SameMeshMove<L::rank>> move;
   std::optional<DistMatrix<T, LT, E, S>> result;
-  detail::Plan<N> plan;
   {
     detail::UncountedBytes metadata;
     detail::agree(mesh.comm(),
                   detail::check_target_layout(mesh.comm(), target_layout.actions(), mesh.names()));
-    plan = detail::plan_same_mesh(source, detail::partial_ops<L>(), target_layout.actions(),
-                                  detail::partial_ops<LT>());
-    result.emplace(mesh, target_layout, matrix.rows(), matrix.cols(),
-                   std::string("kshard::redistribute"));
+    move.emplace(matrix, target_layout);
+    result.emplace(
+        detail::uninitialized_matrix<T, E, S>(mesh, target_layout, matrix.rows(), matrix.cols()));
   }
-  detail::run_plan<E>(mesh, plan, matrix.local(), result->local(), true);
-  if (detail::holds_zeros(plan.zero_dims, mesh.coords())) Kokkos::deep_copy(result->local(), T{});
+  move->template run<E>(mesh, matrix.local(), result->local());
   return std::move(*result);
 }
 
@@ -377,57 +474,73 @@ template <class LT, class T, class L, class E, class S, std::size_t NT>
                                                    const Mesh<NT>& target_mesh,
                                                    const LT& target_layout) {
   detail::check_redistribute_types<T, L, LT, NT>();
-  constexpr std::size_t N = L::rank;
-  const Mesh<N>& mesh = matrix.mesh();
-  detail::Geometry<N> source{matrix.layout().actions(), mesh.shape(), matrix.rows(), matrix.cols()};
+  const auto& mesh = matrix.mesh();
+  std::optional<detail::CrossMeshMove<L::rank, NT>> move;
   std::optional<DistMatrix<T, LT, E, S>> result;
-  detail::Plan<N> plan;
-  detail::Geometry<NT> goal{target_layout.actions(), target_mesh.shape(), matrix.rows(),
-                            matrix.cols()};
-  std::array<bool, NT> zero_dims{};
+  {
+    detail::UncountedBytes metadata;
+    detail::agree(mesh.comm(), detail::check_same_communicator(mesh, target_mesh, "mesh"));
+    detail::agree(mesh.comm(), detail::check_target_layout(mesh.comm(), target_layout.actions(),
+                                                           target_mesh.names()));
+    move.emplace(matrix, target_mesh, target_layout);
+    result.emplace(detail::uninitialized_matrix<T, E, S>(target_mesh, target_layout, matrix.rows(),
+                                                         matrix.cols()));
+  }
+  move->template run<E>(mesh, target_mesh, matrix.local(), result->local());
+  return std::move(*result);
+}
+
+/// Redistributes `matrix` into `target`, an existing matrix of the same global shape whose
+/// layout and mesh say where every element goes; every element of `target`'s shard is
+/// overwritten. The same moves and messages as `redistribute` (on the same mesh when the two
+/// meshes have the same shape, otherwise as a mesh change), without allocating the result:
+/// the form for a loop that unshards into one persistent buffer (FSDP), where a new matrix
+/// per call would also pay for fresh pages.
+///
+/// Errors (the same `kshard::error` on every rank, nothing written): different global shapes,
+/// meshes over different communicators, or shards that share memory on any rank.
+template <class T, class L, class LT, class E, class S>
+void redistribute_into(const DistMatrix<T, L, E, S>& matrix,
+                       const DistMatrix<T, LT, E, S>& target) {
+  constexpr std::size_t N = L::rank;
+  constexpr std::size_t NT = LT::rank;
+  detail::check_redistribute_types<T, L, LT, NT>();
+  const auto& mesh = matrix.mesh();
+  const auto& target_mesh = target.mesh();
+  bool same_mesh = false;
+  if constexpr (N == NT) same_mesh = mesh.shape() == target_mesh.shape();
+  std::optional<detail::SameMeshMove<N>> on_mesh;
+  std::optional<detail::CrossMeshMove<N, NT>> across;
   {
     detail::UncountedBytes metadata;
     std::optional<std::string> problem;
-    if (!detail::congruent(mesh.comm(), target_mesh.comm()))
+    const T* in = matrix.local().data();
+    const T* out = target.local().data();
+    if (target.rows() != matrix.rows() || target.cols() != matrix.cols())
+      problem =
+          fmt::format("kshard::redistribute_into: the target is {} x {} but the matrix is {} x {}",
+                      target.rows(), target.cols(), matrix.rows(), matrix.cols());
+    else if (matrix.local().size() > 0 && target.local().size() > 0 &&
+             in < out + target.local().size() && out < in + matrix.local().size())
       problem = fmt::format(
-          "kshard::redistribute: the target mesh ({} ranks) is over a different communicator "
-          "than the matrix's mesh ({} ranks); both must hold the same processes in the same "
-          "order",
-          target_mesh.size(), mesh.size());
+          "kshard::redistribute_into: on rank {} the target's shard shares memory with the "
+          "matrix's; redistribute into separate storage",
+          mesh.my_rank());
+    else
+      problem = detail::check_same_communicator(mesh, target_mesh, "matrix's mesh");
     detail::agree(mesh.comm(), problem);
-    detail::agree(mesh.comm(), detail::check_target_layout(mesh.comm(), target_layout.actions(),
-                                                           target_mesh.names()));
-    plan = detail::plan_resolve_partials(source, detail::partial_ops<L>());
-    for (std::size_t m = 0; m < N; ++m)
-      if (source.actions[m].kind == PlacementKind::partial)
-        source.actions[m] = detail::replicate_action();
-    for (std::size_t m = 0; m < NT; ++m) {
-      if (goal.actions[m].kind != PlacementKind::partial) continue;
-      zero_dims[m] = LT::partial_op(m) == ReduceOp::sum && goal.shape[m] > 1;
-      goal.actions[m] = detail::replicate_action();
+    if constexpr (N == NT) {
+      if (same_mesh) on_mesh.emplace(matrix, target.layout());
     }
-    detail::check_message_size(std::max(source.max_local_size(), goal.max_local_size()),
-                               "redistribute");
-    result.emplace(target_mesh, target_layout, matrix.rows(), matrix.cols(),
-                   std::string("kshard::redistribute"));
+    if (!same_mesh) across.emplace(matrix, target_mesh, target.layout());
   }
-  // Reductions on the source mesh, then one exchange onto the target mesh.
-  detail::ShardView<T, S> resolved = matrix.local();
-  if (!plan.steps.empty()) {
-    const auto shard = source.at(mesh.coords());
-    resolved = detail::ShardView<T, S>(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::resolved"),
-        static_cast<std::size_t>(shard.rows.local_extent()),
-        static_cast<std::size_t>(shard.cols.local_extent()));
-    detail::run_plan<E>(mesh, plan, matrix.local(), resolved, true);
+  if constexpr (N == NT) {
+    if (same_mesh) {
+      on_mesh->template run<E>(mesh, matrix.local(), target.local());
+      return;
+    }
   }
-  auto src_coords = [&](int r) { return mesh.coords_of(r); };
-  auto dst_coords = [&](int r) { return target_mesh.coords_of(r); };
-  auto wants = [&](const std::array<int, NT>& c) { return !detail::holds_zeros(zero_dims, c); };
-  detail::exchange<E>(resolved, source, result->local(), goal, mesh.size(), mesh.my_rank(),
-                      src_coords, dst_coords, wants, mesh.comm());
-  if (detail::holds_zeros(zero_dims, target_mesh.coords())) Kokkos::deep_copy(result->local(), T{});
-  return std::move(*result);
+  across->template run<E>(mesh, target_mesh, matrix.local(), target.local());
 }
 
 }  // namespace kshard

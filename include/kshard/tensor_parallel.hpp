@@ -26,6 +26,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -69,6 +70,10 @@ inline constexpr bool tp_layout_v = tp_splitting_dims<L>() == 1 && L::splits(D);
 
 template <class T>
 inline constexpr bool tp_float_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+// Tells an output-view argument from a `tp_dim` in overloads.
+template <class V>
+concept KokkosView = Kokkos::is_view<V>::value;
 
 template <class V>
 constexpr bool is_view_of_rank(int rank) {
@@ -362,27 +367,28 @@ using tp_no_bias_t = Kokkos::View<typename W::value_type*, typename W::memory_sp
 // ---------------------------------------------------------------------------------------------
 // Vocabulary-parallel embedding lookup
 
-/// Looks up replicated token `ids` in a vocabulary-sharded `table` and returns the replicated
-/// `[N, H]` rows, times `scale` (Gemma scales embeddings by sqrt(H)), on every rank.
+/// Looks up replicated token `ids` in a vocabulary-sharded `table` and writes the replicated
+/// `[N, H]` rows, times `scale` (Gemma scales embeddings by sqrt(H)), into `out` on every rank.
 ///
 /// `table` is `V x H`, its rows split by mesh dimension `tp_dim` only (`Shard<0>` or
 /// `StridedShard<0>` there, `Replicate` everywhere else: a compile error otherwise, or a
 /// `kshard::error` when `tp_dim` names another dimension). `ids` is a rank-1 view of int32 or
 /// int64 ids, any length N >= 0, readable from the table's execution space, with the same values
-/// on every rank of the tp group. Each rank writes the rows of the ids it holds (found with the
-/// table's own mapping, so uneven vocabularies are right) scaled by `scale` in the output type,
-/// zeros elsewhere; one SUM all-reduce of the N x H output over `mesh.dim_comm(tp_dim)` (none when
-/// that dimension has extent 1) completes every row. Every element has exactly one non-zero
-/// addend, so scaling before the reduction is bit-for-bit scaling after it.
+/// on every rank of the tp group. `out` is a rank-2 `N x H` view of `lookup_value_t<T>` (T for
+/// float and double, float for bf16), writable from the table's execution space; its old values
+/// are overwritten. Each rank writes the rows of the ids it holds (found with the table's own
+/// mapping, so uneven vocabularies are right) scaled by `scale` in the output type, zeros
+/// elsewhere; one SUM all-reduce of the N x H output over `mesh.dim_comm(tp_dim)` (none when that
+/// dimension has extent 1) completes every row. Every element has exactly one non-zero addend,
+/// so scaling before the reduction is bit-for-bit scaling after it.
 ///
-/// The output element type is `lookup_value_t<T>`: T for float and double, float for bf16.
-/// Ids outside [0, V) are checked with one reduction over `ids` and one agreement over the
-/// whole mesh: every rank throws the same `kshard::error` naming the id, before anything is
-/// communicated or written. Communication: that agreement (one `int`) plus the all-reduce.
-template <ValuedMatrix M, class IdView>
-Kokkos::View<lookup_value_t<typename M::value_type>**, Kokkos::LayoutRight,
-             typename M::memory_space>
-vocab_parallel_lookup(const M& table, const IdView& ids, std::size_t tp_dim, double scale = 1.0) {
+/// Ids outside [0, V) and a wrongly shaped `out` are checked with one reduction over `ids` and
+/// one agreement over the whole mesh: every rank throws the same `kshard::error` naming the
+/// value, before anything is communicated or written. Communication: that agreement (one `int`)
+/// plus the all-reduce. Use this form in a training loop to reuse one output buffer.
+template <ValuedMatrix M, class IdView, detail::KokkosView OutView>
+void vocab_parallel_lookup(const M& table, const IdView& ids, const OutView& out,
+                           std::size_t tp_dim, double scale = 1.0) {
   using T = typename M::value_type;
   using L = typename M::layout_type;
   using Out = lookup_value_t<T>;
@@ -401,28 +407,63 @@ vocab_parallel_lookup(const M& table, const IdView& ids, std::size_t tp_dim, dou
   static_assert(
       Kokkos::SpaceAccessibility<ExecSpace, typename IdView::memory_space>::accessible,
       "kshard::vocab_parallel_lookup: ids must be readable from the table's execution space");
+  static_assert(
+      detail::is_view_of_rank<OutView>(2) && std::is_same_v<typename OutView::value_type, Out>,
+      "kshard::vocab_parallel_lookup: out must be a rank-2 view of non-const "
+      "lookup_value_t<T>");
+  static_assert(
+      Kokkos::SpaceAccessibility<ExecSpace, typename OutView::memory_space>::accessible,
+      "kshard::vocab_parallel_lookup: out must be writable from the table's execution space");
 
-  detail::check_tp_dim(table, tp_dim, 0, "vocab_parallel_lookup", "table");
-  detail::agree(table.mesh().comm(),
-                detail::check_ids<ExecSpace>(ids, table.rows(), "vocab_parallel_lookup"));
-
+  const char* who = "vocab_parallel_lookup";
+  detail::check_tp_dim(table, tp_dim, 0, who, "table");
   const auto n = static_cast<index_t>(ids.extent(0));
   const index_t h = table.cols();
-  Kokkos::View<Out**, Kokkos::LayoutRight, typename M::memory_space> out(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::vocab_parallel_lookup"),
-      static_cast<std::size_t>(n), static_cast<std::size_t>(h));
+  std::optional<std::string> problem;
+  if (static_cast<index_t>(out.extent(0)) != n || static_cast<index_t>(out.extent(1)) != h)
+    problem = fmt::format(
+        "kshard::{}: out is {} but must be {} x {} (one row per id, one column per table "
+        "column); nothing was written",
+        who, detail::shape_of(out), n, h);
+  else if (n > INT_MAX)  // a team policy's league size is an int
+    problem = fmt::format("kshard::{}: {} ids in one call; the limit is {}", who, n, INT_MAX);
+  else
+    problem = detail::check_ids<ExecSpace>(ids, table.rows(), who);
+  detail::agree(table.mesh().comm(), problem);
+
   const auto rows = table.mapping().rows;
   const auto local = table.local();
   const auto s = static_cast<Out>(scale);
+  // One team per id: the id is mapped once, then its row is copied by the team's threads along
+  // the contiguous columns (a plain vectorisable row copy on the host, coalesced on a GPU).
+  using Policy = Kokkos::TeamPolicy<ExecSpace>;
   Kokkos::parallel_for(
-      "kshard::vocab_parallel_lookup",
-      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<index_t>>({0, 0}, {n, h}),
-      KOKKOS_LAMBDA(const index_t i, const index_t j) {
+      "kshard::vocab_parallel_lookup", Policy(static_cast<int>(n), Kokkos::AUTO),
+      KOKKOS_LAMBDA(const typename Policy::member_type& team) {
+        const index_t i = team.league_rank();
         const index_t l = rows.to_local(static_cast<index_t>(ids(i)));
-        out(i, j) = l == invalid_index ? Out(0) : static_cast<Out>(local(l, j)) * s;
+        if (l == invalid_index)
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, h),
+                               [&](const index_t j) { out(i, j) = Out(0); });
+        else
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, h), [&](const index_t j) {
+            out(i, j) = static_cast<Out>(local(l, j)) * s;
+          });
       });
   if (table.mesh().extent(tp_dim) > 1)
-    detail::allreduce_view(ExecSpace(), out, MPI_SUM, table.mesh().dim_comm(tp_dim));
+    detail::allreduce_sum_any<ExecSpace>(out, table.mesh().dim_comm(tp_dim));
+}
+
+/// The same lookup into a new `N x H` LayoutRight view in the table's memory space, returned.
+template <ValuedMatrix M, class IdView>
+Kokkos::View<lookup_value_t<typename M::value_type>**, Kokkos::LayoutRight,
+             typename M::memory_space>
+vocab_parallel_lookup(const M& table, const IdView& ids, std::size_t tp_dim, double scale = 1.0) {
+  Kokkos::View<lookup_value_t<typename M::value_type>**, Kokkos::LayoutRight,
+               typename M::memory_space>
+      out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::vocab_parallel_lookup"),
+          ids.extent(0), static_cast<std::size_t>(table.cols()));
+  vocab_parallel_lookup(table, ids, out, tp_dim, scale);
   return out;
 }
 

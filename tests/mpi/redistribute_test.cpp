@@ -137,6 +137,27 @@ bool shard_matches(const Matrix<T, L>& matrix, const kshard::HostMatrix<T>& full
   return ok;
 }
 
+template <class V>
+bool same_bits(const V& a, const V& b) {
+  const auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+  const auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  return ha.extent(0) == hb.extent(0) && ha.extent(1) == hb.extent(1) &&
+         std::memcmp(ha.data(), hb.data(), ha.span() * sizeof(typename V::value_type)) == 0;
+}
+
+// redistribute_into a matrix of `moved`'s layout on `target_mesh`, holding garbage: the same
+// shard, bit for bit, and the same bytes sent as the redistribute that returned `moved`.
+template <class T, class L, std::size_t NT, class LT>
+void check_into(const Matrix<T, L>& matrix, const kshard::Mesh<NT>& target_mesh,
+                const Matrix<T, LT>& moved, std::int64_t sent) {
+  const Matrix<T, LT> into(target_mesh, moved.layout(), moved.rows(), moved.cols());
+  Kokkos::deep_copy(into.local(), static_cast<T>(-77));
+  kshard::reset_comm_stats();
+  kshard::redistribute_into(matrix, into);
+  EXPECT_TRUE(all_ranks(bytes_sent() == sent)) << "redistribute_into sent " << bytes_sent();
+  EXPECT_TRUE(all_ranks(same_bits(into.local(), moved.local()))) << "redistribute_into";
+}
+
 // distribute(source) -> redistribute(target): checks the result on every rank, its gather
 // (layouts without Partial), and the bytes sent (exactly the single-dim minimum where it
 // applies; otherwise at most one whole matrix per mesh dimension).
@@ -152,6 +173,7 @@ void check_transition(const kshard::Mesh<N>& mesh, const L& source, const LT& ta
   kshard::reset_comm_stats();
   const auto moved = kshard::redistribute(matrix, target);
   const std::int64_t sent = bytes_sent();
+  check_into(matrix, mesh, moved, sent);
   bool averaged = false;  // (k x) / k need not be x exactly
   for (std::size_t m = 0; m < N; ++m)
     averaged = averaged ||
@@ -444,7 +466,9 @@ void check_mesh_change(const kshard::Mesh<N>& mesh, const L& layout,
   const auto full = reference_matrix<T>(rows, cols, seed);
   const auto matrix =
       kshard::distribute<ExecSpace, MemSpace>(mesh, layout, kshard::HostMatrix<const T>(full));
+  kshard::reset_comm_stats();
   const auto moved = kshard::redistribute(matrix, target_mesh, target);
+  check_into(matrix, target_mesh, moved, bytes_sent());
   EXPECT_TRUE(all_ranks(shard_matches(moved, full, 0)));
   if constexpr (!L::has_partial) {
     const auto back = kshard::redistribute(moved, mesh, layout);
@@ -546,6 +570,45 @@ TEST(Redistribute, BadArgumentsAreCollectiveErrors) {
   kshard::reset_comm_stats();
   (void)collective_error([&] { (void)kshard::redistribute(matrix, Layout(StridedShard<0>{-1})); });
   EXPECT_TRUE(all_ranks(bytes_sent() == 0));
+}
+
+TEST(Redistribute, IntoRefusesWrongTargetsAndWritesNothing) {
+  const int size = world_size();
+  kshard::Mesh<1> line(MPI_COMM_WORLD, {size});
+  const auto full = reference_matrix<double>(6, 4, 10);
+  const auto matrix = kshard::distribute<ExecSpace, MemSpace>(
+      line, Layout(Shard<0>{}), kshard::HostMatrix<const double>(full));
+  const auto expect_refused = [&](const auto& target, const std::string& expected) {
+    const auto before = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), target.local());
+    const auto message = collective_error([&] { kshard::redistribute_into(matrix, target); });
+    EXPECT_NE(message.find(expected), std::string::npos) << message;
+    EXPECT_TRUE(all_ranks(same_bits(target.local(), before)));
+    EXPECT_TRUE(all_ranks(shard_matches(matrix, full, 0)));
+  };
+  // A different global shape.
+  Matrix<double, Layout<Replicate>> wider(line, Layout(Replicate{}), 6, 5);
+  Kokkos::deep_copy(wider.local(), 3.0);
+  expect_refused(wider, "the target is 6 x 5 but the matrix is 6 x 4");
+  // The matrix's own storage, under another layout where that is possible: at 1 rank, a
+  // Replicate matrix wrapping the Shard<0> one's view.
+  if (size == 1) {
+    const Matrix<double, Layout<Replicate>> alias(line, Layout(Replicate{}), 6, 4, matrix.local());
+    expect_refused(alias, "shares memory with the matrix's");
+  }
+  if (size > 1) {
+    // A target over half of the ranks: not the matrix's communicator.
+    MPI_Comm half = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, line.my_rank() < size / 2 ? 0 : 1, line.my_rank(), &half);
+    int half_size = 0;
+    MPI_Comm_size(half, &half_size);
+    {
+      kshard::Mesh<1> other(half, {half_size});
+      Matrix<double, Layout<Replicate>> elsewhere(other, Layout(Replicate{}), 6, 4);
+      Kokkos::deep_copy(elsewhere.local(), 3.0);
+      expect_refused(elsewhere, "different communicator");
+    }
+    MPI_Comm_free(&half);
+  }
 }
 
 TEST(Redistribute, GpuAwareMpiDefaultsToStaging) {

@@ -150,6 +150,22 @@ void check_lookup(const kshard::Mesh<2>& mesh, std::size_t tp, const L& layout, 
     }
   EXPECT_TRUE(all_ranks(ok)) << "forward";
 
+  // The same lookup into a caller's buffer: a strided column window of a larger view holding
+  // garbage, which the lookup must overwrite (and whose other columns it must not touch).
+  Kokkos::View<Out**, Kokkos::LayoutRight, MemSpace> buffer(
+      "lookup_buffer", static_cast<std::size_t>(n), static_cast<std::size_t>(hidden + 2));
+  Kokkos::deep_copy(buffer, Out(-7));
+  const auto window =
+      Kokkos::subview(buffer, Kokkos::ALL, std::make_pair(std::size_t{1}, std::size_t(hidden + 1)));
+  kshard::vocab_parallel_lookup(table, device_ids, window, tp, scale);
+  const auto held = to_host(buffer);
+  ok = true;
+  for (std::size_t i = 0; i < held.extent(0); ++i)
+    for (std::size_t j = 0; j < held.extent(1); ++j)
+      ok = ok && (j == 0 || j == held.extent(1) - 1 ? held(i, j) == Out(-7)
+                                                    : held(i, j) == got(i, j - 1));
+  EXPECT_TRUE(all_ranks(ok)) << "lookup into a strided buffer";
+
   // Backward: adds into a gradient that already holds values; sends nothing.
   const auto prior = reference_matrix<T>(vocab, hidden, seed + 1);
   const auto grad_table = make(mesh, layout, prior);
@@ -289,6 +305,21 @@ TEST(VocabParallelLookup, RefusesWrongLayoutsAndShapes) {
       << message;
   message = collective_error([&] { (void)kshard::vocab_parallel_lookup(table, ids, 2); });
   EXPECT_NE(message.find("tp_dim is 2, but the mesh Mesh(dp="), std::string::npos) << message;
+
+  // An output buffer of the wrong shape, on every rank or on the last one only: refused
+  // everywhere, the buffer untouched.
+  const auto row_table = make(mesh, Layout(Replicate{}, Shard<0>{}), full);
+  for (const bool everywhere : {true, false}) {
+    const bool wrong = everywhere || world_rank() == size - 1;
+    Kokkos::View<double**, Kokkos::LayoutRight, MemSpace> out("out", 2, wrong ? 4 : 3);
+    Kokkos::deep_copy(out, 5.0);
+    message = collective_error([&] { kshard::vocab_parallel_lookup(row_table, ids, out, 1); });
+    EXPECT_NE(message.find("out is 2 x 4 but must be 2 x 3"), std::string::npos) << message;
+    const auto kept = to_host(out);
+    bool untouched = true;
+    for (std::size_t k = 0; k < kept.span(); ++k) untouched = untouched && kept.data()[k] == 5.0;
+    EXPECT_TRUE(all_ranks(untouched));
+  }
 
   const auto grad_table = make(mesh, Layout(Shard<0>{}, Replicate{}), full);
   message = collective_error([&] {
@@ -656,7 +687,7 @@ void check_gemm(index_t m, index_t n, index_t k, std::uint64_t seed) {
     if (variant == 1)
       kshard::detail::gemm_tn<ExecSpace>(to_device(at), to_device(b), c, accumulate);
     if (variant == 2)
-      kshard::detail::gemm_nt<ExecSpace>(to_device(a), to_device(bt), c, accumulate, 5);
+      kshard::detail::gemm_nt<ExecSpace>(to_device(a), to_device(bt), c, accumulate);
     const auto got = to_host(c);
     bool ok = true;
     for (std::size_t i = 0; i < got.extent(0); ++i)

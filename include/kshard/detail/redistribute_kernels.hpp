@@ -88,6 +88,22 @@ struct BlockLists {
   }
 };
 
+// True when unpacking `lists` into a row-major shard `cols` wide is the identity: every block
+// is whole consecutive rows, and its message offset is where those rows start in the shard.
+inline bool lands_in_place(const BlockLists& lists, index_t cols) {
+  for (const Block& b : lists.blocks) {
+    if (b.rows == 0 || b.cols == 0) continue;
+    if (b.cols != cols) return false;
+    for (index_t j = 0; j < cols; ++j)
+      if (lists.cols[static_cast<std::size_t>(b.col_begin + j)] != j) return false;
+    const index_t first = lists.rows[static_cast<std::size_t>(b.row_begin)];
+    for (index_t i = 0; i < b.rows; ++i)
+      if (lists.rows[static_cast<std::size_t>(b.row_begin + i)] != first + i) return false;
+    if (b.offset != first * cols) return false;
+  }
+  return true;
+}
+
 template <class MemSpace>
 Kokkos::View<const index_t*, MemSpace> to_space(const std::vector<index_t>& values) {
   Kokkos::View<index_t*, MemSpace> result(
