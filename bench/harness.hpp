@@ -81,8 +81,10 @@ struct Paired {
   double ratio = 0;
 };
 
-template <class Case, class Baseline>
-Paired time_paired(MPI_Comm comm, int repetitions, Case&& run_case, Baseline&& run_baseline) {
+// `setup` runs before each run of the case, untimed (e.g. damaging rows a repair then fixes).
+template <class Setup, class Case, class Baseline>
+Paired time_paired(MPI_Comm comm, int repetitions, Setup&& setup, Case&& run_case,
+                   Baseline&& run_baseline) {
   const auto once = [comm](auto& run) {
     MPI_Barrier(comm);
     const auto start = std::chrono::steady_clock::now();
@@ -92,10 +94,12 @@ Paired time_paired(MPI_Comm comm, int repetitions, Case&& run_case, Baseline&& r
     MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
     return slowest;
   };
+  setup();
   once(run_case);  // warm-up of both
   once(run_baseline);
   std::vector<double> a, b, ratios;
   for (int r = 0; r < repetitions; ++r) {
+    setup();
     a.push_back(once(run_case));
     b.push_back(once(run_baseline));
     ratios.push_back(a.back() / b.back());
@@ -105,6 +109,12 @@ Paired time_paired(MPI_Comm comm, int repetitions, Case&& run_case, Baseline&& r
     return v[v.size() / 2];
   };
   return {median(a), median(b), median(ratios)};
+}
+
+template <class Case, class Baseline>
+Paired time_paired(MPI_Comm comm, int repetitions, Case&& run_case, Baseline&& run_baseline) {
+  return time_paired(
+      comm, repetitions, [] {}, run_case, run_baseline);
 }
 
 // Peak resident set size of this process, in MiB (Linux).

@@ -99,63 +99,68 @@ void run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t row
   const MPI_Comm comm = mesh.comm();
   const int reps = options.repetitions;
   const double local_bytes = static_cast<double>(input.local().span() * sizeof(T));
-  const auto fields = [&](double seconds, double baseline) {
+  const auto fields = [&](const kshard::bench::Paired& t) {
     return fmt::format(
-        R"("type": "{}", "rows": {}, "cols": {}, "seconds": {:.6g}, "ratio": {:.4g}, "gbps_per_rank": {:.4g})",
-        type, rows, cols, seconds, seconds / baseline, local_bytes / seconds / 1e9);
+        R"("type": "{}", "rows": {}, "cols": {}, "seconds": {:.6g}, "baseline_seconds": {:.6g}, "ratio": {:.4g}, "gbps_per_rank": {:.4g})",
+        type, rows, cols, t.seconds, t.baseline, t.ratio, local_bytes / t.seconds / 1e9);
   };
 
+  // Every case is timed in alternation with its baseline (time_paired), so both see the same
+  // share of a shared machine.
   double sink = 0;
-  const double t_roof =
-      kshard::bench::time_collective(comm, reps, [&] { sink += roofline<T>(input.local()); });
-  Kokkos::View<double*> plain("plain", input.local().extent(0));
-  const double t_plain =
-      kshard::bench::time_collective(comm, reps, [&] { plain_row_norms<T>(input.local(), plain); });
-  const double t_norms = kshard::bench::time_collective(comm, reps, [&] {
+  const auto read_roofline = [&] { sink += roofline<T>(input.local()); };
+  const auto norms = [&] {
     const auto n = kshard::row_squared_norms(input);
     Kokkos::fence();
-  });
-  report.add("roofline", fields(t_roof, t_roof));
-  report.add("plain_row_loop", fields(t_plain, t_roof));
-  report.add("row_squared_norms", fields(t_norms, t_roof));  // target: roofline / norms >= 0.85
+  };
+  Kokkos::View<double*> plain("plain", input.local().extent(0));
+  const auto t_roof = kshard::bench::time_paired(comm, reps, read_roofline, read_roofline);
+  const auto t_plain = kshard::bench::time_paired(
+      comm, reps, [&] { plain_row_norms<T>(input.local(), plain); }, read_roofline);
+  const auto t_norms = kshard::bench::time_paired(comm, reps, norms, read_roofline);
+  report.add("roofline", fields(t_roof));
+  report.add("plain_row_loop", fields(t_plain));
+  report.add("row_squared_norms", fields(t_norms));  // target: roofline / norms >= 0.85
 
   const kshard::RepairConfig config(true, 1e-6, 256);
-  const double t_detect = kshard::bench::time_collective(
-      comm, reps, [&] { (void)kshard::repair_embedding_rows(input, output, config); });
-  report.add("detect_no_damage", fields(t_detect, t_norms));  // target <= 1.10
+  const auto repair = [&] { (void)kshard::repair_embedding_rows(input, output, config); };
+  const auto t_detect = kshard::bench::time_paired(comm, reps, repair, norms);
+  report.add("detect_no_damage", fields(t_detect));  // target <= 1.10
   const index_t damaged = std::min<index_t>(256, rows);
-  const double t_repair = kshard::bench::time_collective(
-      comm, reps, [&] { damage(input, damaged); },
-      [&] { (void)kshard::repair_embedding_rows(input, output, config); });
-  report.add("repair_256_rows", fields(t_repair, t_norms));  // target <= 1.20
+  const auto damage_rows = [&] { damage(input, damaged); };
+  const auto t_repair = kshard::bench::time_paired(comm, reps, damage_rows, repair, norms);
+  report.add("repair_256_rows", fields(t_repair));  // target <= 1.20
   // The Python algorithm: norms of the input, of the whole output, and of the input again.
-  const double t_python = kshard::bench::time_collective(
-      comm, reps, [&] { damage(input, damaged); },
+  const auto t_python = kshard::bench::time_paired(
+      comm, reps, damage_rows,
       [&] {
         const auto a = kshard::row_squared_norms(input);
         const auto b = kshard::row_squared_norms(output);
         (void)kshard::repair_embedding_rows(input, output, config);
         const auto c = kshard::row_squared_norms(input);
         Kokkos::fence();
-      });
-  report.add("python_three_pass_repair", fields(t_python, t_norms));
+      },
+      norms);
+  report.add("python_three_pass_repair", fields(t_python));
 
   // zero_row: one row, many times per repetition, against a raw fill of the same slice.
   constexpr int calls = 1000;
   const index_t row = rows / 3;
-  const double t_zero = kshard::bench::time_collective(comm, reps, [&] {
-    for (int k = 0; k < calls; ++k) kshard::zero_row(input, row);
-    Kokkos::fence();
-  });
   const index_t local_row = input.mapping().rows.to_local(row);
   const index_t held = local_row == kshard::invalid_index ? 0 : 1;
   const index_t first = held == 1 ? local_row : 0;
   const auto slice =
       Kokkos::subview(input.local(), Kokkos::make_pair(first, first + held), Kokkos::ALL);
-  const double t_fill = kshard::bench::time_collective(comm, reps, [&] {
-    for (int k = 0; k < calls; ++k) Kokkos::deep_copy(slice, T(0.0f));
-    Kokkos::fence();
-  });
+  const auto t_zero = kshard::bench::time_paired(
+      comm, reps,
+      [&] {
+        for (int k = 0; k < calls; ++k) kshard::zero_row(input, row);
+        Kokkos::fence();
+      },
+      [&] {
+        for (int k = 0; k < calls; ++k) Kokkos::deep_copy(slice, T(0.0f));
+        Kokkos::fence();
+      });
   kshard::reset_comm_stats();
   kshard::zero_row(input, row);
   const auto zero_bytes = kshard::comm_stats().bytes_sent;
@@ -163,7 +168,7 @@ void run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t row
       "zero_row",
       fmt::format(
           R"("type": "{}", "rows": {}, "cols": {}, "seconds": {:.6g}, "ratio": {:.4g}, "bytes_sent": {})",
-          type, rows, cols, t_zero / calls, t_zero / t_fill, zero_bytes));
+          type, rows, cols, t_zero.seconds / calls, t_zero.ratio, zero_bytes));
   if (sink == 1.2345) std::printf(" ");
 }
 
