@@ -12,6 +12,9 @@ namespace kshard {
 struct CommStats {
   std::int64_t collectives = 0;  ///< collective calls (all-reduce, all-gather, broadcast, ...)
   std::int64_t bytes_sent = 0;   ///< payload bytes this process contributed to them
+  /// Bytes copied between device memory and host buffers because MPI could not take device
+  /// memory directly (both directions; 0 on host memory and with GPU-aware MPI).
+  std::int64_t bytes_staged = 0;
 };
 
 /// This process's counters (kshard is driven by one thread per process, as MPI usually is).

@@ -12,7 +12,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -608,15 +607,6 @@ TEST(Redistribute, IntoRefusesWrongTargetsAndWritesNothing) {
       expect_refused(elsewhere, "different communicator");
     }
     MPI_Comm_free(&half);
-  }
-}
-
-TEST(Redistribute, GpuAwareMpiDefaultsToStaging) {
-  const char* env = std::getenv("KSHARD_GPU_AWARE_MPI");
-  if (env == nullptr || *env == '\0') {
-    EXPECT_EQ(kshard::detail::gpu_aware_mpi(), KSHARD_GPU_AWARE_MPI_DEFAULT != 0);
-  } else {
-    EXPECT_EQ(kshard::detail::gpu_aware_mpi(), std::string(env) != "0");
   }
 }
 

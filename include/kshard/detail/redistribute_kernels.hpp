@@ -1,56 +1,16 @@
 #pragma once
 
-// Moving blocks of a shard in and out of flat message buffers with Kokkos kernels, and handing
-// views to MPI: fence first, and go through host memory when MPI cannot read device memory.
+// Moving blocks of a shard in and out of flat message buffers with Kokkos kernels.
 
 #include <Kokkos_Core.hpp>
 
-#include <cstdlib>
-#include <string_view>
 #include <vector>
 
 #include "kshard/detail/redistribute_plan.hpp"
+#include "kshard/detail/staging.hpp"
 #include "kshard/index.hpp"
 
-#ifndef KSHARD_GPU_AWARE_MPI_DEFAULT
-/// Whether MPI may be handed device memory when KSHARD_GPU_AWARE_MPI is not set (0 or 1).
-#define KSHARD_GPU_AWARE_MPI_DEFAULT 0
-#endif
-
 namespace kshard::detail {
-
-// Whether MPI reads and writes device memory directly: decided once per process, from the
-// environment variable KSHARD_GPU_AWARE_MPI (0 or 1) or else KSHARD_GPU_AWARE_MPI_DEFAULT.
-// Host-accessible memory never goes through a staging copy either way.
-inline bool gpu_aware_mpi() {
-  static const bool aware = [] {
-    const char* env = std::getenv("KSHARD_GPU_AWARE_MPI");
-    if (env == nullptr || *env == '\0') return KSHARD_GPU_AWARE_MPI_DEFAULT != 0;
-    return std::string_view(env) != "0";
-  }();
-  return aware;
-}
-
-// Calls `use(pointer)` with memory MPI may access holding `view`'s elements (contiguous
-// views only), after the execution space finished writing it. `read`: the contents must be
-// there before; `write`: what `use` writes must end in `view`.
-template <class ExecSpace, class View, class Use>
-void with_mpi_access(const View& view, bool read, bool write, Use&& use) {
-  ExecSpace().fence();
-  using Memory = typename View::memory_space;
-  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Memory>::accessible) {
-    use(view.data());
-  } else {
-    if (gpu_aware_mpi()) {
-      use(view.data());
-      return;
-    }
-    auto host = Kokkos::create_mirror_view(view);
-    if (read) Kokkos::deep_copy(host, view);
-    use(host.data());
-    if (write) Kokkos::deep_copy(view, host);
-  }
-}
 
 // One block of a message: rows x cols elements, whose local indices are entries
 // [row_begin, row_begin + rows) and [col_begin, col_begin + cols) of the index lists, stored

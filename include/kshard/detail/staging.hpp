@@ -1,29 +1,85 @@
 #pragma once
 
 // Hands Kokkos views to MPI: fence the execution space first, and go through a host copy
-// when MPI cannot read the view's memory directly.
+// ("staging") when MPI cannot read the view's memory directly.
 
 #include <Kokkos_Core.hpp>
 
-#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
+#include "kshard/comm_stats.hpp"
 #include "kshard/detail/mpi.hpp"
+
+#if defined(OPEN_MPI) && __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support
+#endif
+
+#ifndef KSHARD_GPU_AWARE_MPI_DEFAULT
+/// Whether MPI may be handed device memory when KSHARD_GPU_AWARE_MPI is not set (0 or 1); CMake
+/// sets it from the option of the same name (AUTO: what the MPI says at configure time).
+#define KSHARD_GPU_AWARE_MPI_DEFAULT 0
+#endif
 
 namespace kshard::detail {
 
-// In-place all-reduce of a rank-1 view over `comm`, after `exec` finished writing it.
-template <class ExecSpace, class View>
-void allreduce_view(const ExecSpace& exec, const View& view, MPI_Op op, MPI_Comm comm) {
-  exec.fence();
-  const int count = mpi_count(static_cast<std::int64_t>(view.size()), "kshard all-reduce");
+// Whether MPI reads and writes device memory directly, decided once per process: the
+// environment variable KSHARD_GPU_AWARE_MPI (0 or 1) when set, else the configured default,
+// which an Open MPI built with CUDA support also confirms at run time (its CUDA transport may
+// not be loaded on this machine).
+inline bool gpu_aware_mpi() {
+  static const bool aware = [] {
+    const char* env = std::getenv("KSHARD_GPU_AWARE_MPI");
+    if (env != nullptr && *env != '\0') return std::string_view(env) != "0";
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT && defined(KOKKOS_ENABLE_CUDA)
+    return KSHARD_GPU_AWARE_MPI_DEFAULT != 0 && MPIX_Query_cuda_support() == 1;
+#else
+    return KSHARD_GPU_AWARE_MPI_DEFAULT != 0;
+#endif
+  }();
+  return aware;
+}
+
+// Test hook: stage host memory too, so that a host-only build runs the staging path.
+inline bool& force_host_staging() {
+  static bool force = false;
+  return force;
+}
+
+// Calls `use(pointer)` with memory MPI may access holding `view`'s elements (contiguous views
+// only), after the execution space finished writing it. `read`: the contents must be there
+// before; `write`: what `use` writes must end in `view`. Staged bytes (both directions) are
+// counted in comm_stats().bytes_staged.
+template <class ExecSpace, class View, class Use>
+void with_mpi_access(const View& view, bool read, bool write, Use&& use) {
+  ExecSpace().fence();
   using Memory = typename View::memory_space;
-  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Memory>::accessible) {
-    allreduce(view.data(), count, op, comm);
-  } else {
-    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
-    allreduce(host.data(), count, op, comm);
-    Kokkos::deep_copy(view, host);
+  constexpr bool host_memory = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Memory>::accessible;
+  if ((host_memory && !force_host_staging()) || (!host_memory && gpu_aware_mpi())) {
+    use(view.data());
+    return;
   }
+  // A separate host buffer even for host memory (create_mirror, not create_mirror_view).
+  auto host = Kokkos::create_mirror(Kokkos::HostSpace(), view);
+  const auto bytes = static_cast<std::int64_t>(view.span() * sizeof(typename View::value_type));
+  if (read) {
+    Kokkos::deep_copy(host, view);
+    comm_stats().bytes_staged += bytes;
+  }
+  use(host.data());
+  if (write) {
+    Kokkos::deep_copy(view, host);
+    comm_stats().bytes_staged += bytes;
+  }
+}
+
+// In-place all-reduce of a contiguous view over `comm`, after `exec` finished writing it.
+template <class ExecSpace, class View>
+void allreduce_view(const ExecSpace&, const View& view, MPI_Op op, MPI_Comm comm) {
+  const int count = mpi_count(static_cast<std::int64_t>(view.size()), "kshard all-reduce");
+  with_mpi_access<ExecSpace>(view, true, true,
+                             [&](auto* data) { allreduce(data, count, op, comm); });
 }
 
 }  // namespace kshard::detail
