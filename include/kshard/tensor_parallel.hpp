@@ -83,47 +83,54 @@ constexpr bool is_view_of_rank(int rank) {
     return false;
 }
 
-// `tp_dim` must name a mesh dimension that splits tensor dimension `dim` of `matrix`: global
-// data only, so every rank throws the same error without communicating.
+// `tp_dim` must name a mesh dimension that splits tensor dimension `dim` of `matrix`. Functions
+// that communicate fold this into their agreement (a `tp_dim` may differ between ranks); the
+// others throw it where it is found.
 template <class M>
-void check_tp_dim(const M& matrix, std::size_t tp_dim, int dim, const char* who, const char* what) {
+std::optional<std::string> tp_dim_problem(const M& matrix, std::size_t tp_dim, int dim,
+                                          const char* who, const char* what) {
   using L = typename M::layout_type;
   const auto& mesh = matrix.mesh();
   if (tp_dim >= L::rank)
-    throw error(fmt::format("kshard::{}: tp_dim is {}, but the mesh {} has {} dimension(s)", who,
-                            tp_dim, mesh, L::rank));
-  if (L::tensor_dims[tp_dim] != dim) {
-    std::size_t split = 0;
-    while (split < L::rank && L::tensor_dims[split] < 0) ++split;
-    throw error(fmt::format(
-        "kshard::{}: the {} layout {} on {} does not shard tensor dimension {} over mesh "
-        "dimension {} ('{}'); it must be Shard({}) or StridedShard({}) there (it shards "
-        "dimension {} over mesh dimension {} ('{}'))",
-        who, what, matrix.layout(), mesh, dim, tp_dim, mesh.names()[tp_dim], dim, dim,
-        L::tensor_dims[split], split, mesh.names()[split]));
-  }
+    return fmt::format("kshard::{}: tp_dim is {}, but the mesh {} has {} dimension(s)", who, tp_dim,
+                       mesh, L::rank);
+  if (L::tensor_dims[tp_dim] == dim) return std::nullopt;
+  std::size_t split = 0;
+  while (split < L::rank && L::tensor_dims[split] < 0) ++split;
+  return fmt::format(
+      "kshard::{}: the {} layout {} on {} does not shard tensor dimension {} over mesh "
+      "dimension {} ('{}'); it must be Shard({}) or StridedShard({}) there (it shards "
+      "dimension {} over mesh dimension {} ('{}'))",
+      who, what, matrix.layout(), mesh, dim, tp_dim, mesh.names()[tp_dim], dim, dim,
+      L::tensor_dims[split], split, mesh.names()[split]);
 }
 
 // A weight gradient must be laid out like its weight: same global shape, layout and mesh.
 template <class P, class G>
-void check_same_placement(const P& param, const G& grad, const char* who, const char* what) {
+std::optional<std::string> placement_problem(const P& param, const G& grad, const char* who,
+                                             const char* what) {
   static_assert(std::is_same_v<typename P::layout_type, typename G::layout_type>,
                 "kshard: a gradient matrix must have the layout type of its parameter");
   static_assert(std::is_same_v<typename P::memory_space, typename G::memory_space>,
                 "kshard: a gradient matrix must live in its parameter's memory space");
   if (grad.rows() != param.rows() || grad.cols() != param.cols())
-    throw error(fmt::format("kshard::{}: {} is {} x {} but the weight is {} x {}", who, what,
-                            grad.rows(), grad.cols(), param.rows(), param.cols()));
+    return fmt::format("kshard::{}: {} is {} x {} but the weight is {} x {}", who, what,
+                       grad.rows(), grad.cols(), param.rows(), param.cols());
   if (!(grad.layout() == param.layout()))
-    throw error(fmt::format("kshard::{}: {} has layout {} but the weight has {}", who, what,
-                            grad.layout(), param.layout()));
+    return fmt::format("kshard::{}: {} has layout {} but the weight has {}", who, what,
+                       grad.layout(), param.layout());
   int comparison = MPI_UNEQUAL;
   check_mpi(MPI_Comm_compare(param.mesh().comm(), grad.mesh().comm(), &comparison),
             "MPI_Comm_compare");
   if (param.mesh().shape() != grad.mesh().shape() ||
       (comparison != MPI_IDENT && comparison != MPI_CONGRUENT))
-    throw error(fmt::format("kshard::{}: {} is on {} but the weight is on {}, not the same mesh",
-                            who, what, grad.mesh(), param.mesh()));
+    return fmt::format("kshard::{}: {} is on {} but the weight is on {}, not the same mesh", who,
+                       what, grad.mesh(), param.mesh());
+  return std::nullopt;
+}
+
+inline void throw_if(const std::optional<std::string>& problem) {
+  if (problem) throw error(*problem);
 }
 
 // "name is R x C": the extents of a rank-2 view, for messages.
@@ -232,7 +239,6 @@ tp_matrix_view_t<W> row_forward(const W& weight, const X& x_local, const B* bias
                                 std::size_t tp_dim) {
   using ExecSpace = typename W::execution_space;
   const char* who = "row_parallel_linear";
-  check_tp_dim(weight, tp_dim, 1, who, "weight");
   const auto in_local = weight.mapping().cols.local_extent();
   std::optional<std::string> problem;
   if (static_cast<index_t>(x_local.extent(1)) != in_local)
@@ -246,6 +252,7 @@ tp_matrix_view_t<W> row_forward(const W& weight, const X& x_local, const B* bias
         "kshard::{}: the bias has {} elements but the weight is {} x {}: it needs one per "
         "output feature ({})",
         who, bias->extent(0), weight.rows(), weight.cols(), weight.rows());
+  if (!problem) problem = tp_dim_problem(weight, tp_dim, 1, who, "weight");
   agree(weight.mesh().comm(), problem);
   tp_matrix_view_t<W> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::row_parallel_y"),
                         x_local.extent(0), static_cast<std::size_t>(weight.rows()));
@@ -263,8 +270,8 @@ tp_matrix_view_t<W> row_backward(const W& weight, const X& x_local, const GY& gr
                                  const G& grad_weight, const GB* grad_bias, std::size_t tp_dim) {
   using ExecSpace = typename W::execution_space;
   const char* who = "row_parallel_linear_backward";
-  check_tp_dim(weight, tp_dim, 1, who, "weight");
-  check_same_placement(weight, grad_weight, who, "grad_weight");
+  throw_if(tp_dim_problem(weight, tp_dim, 1, who, "weight"));
+  throw_if(placement_problem(weight, grad_weight, who, "grad_weight"));
   const auto in_local = weight.mapping().cols.local_extent();
   if (static_cast<index_t>(grad_y.extent(1)) != weight.rows())
     throw error(fmt::format(
@@ -296,7 +303,7 @@ tp_matrix_view_t<W> column_forward(const W& weight, const X& x, const B* bias_lo
                                    std::size_t tp_dim) {
   using ExecSpace = typename W::execution_space;
   const char* who = "column_parallel_linear";
-  check_tp_dim(weight, tp_dim, 0, who, "weight");
+  throw_if(tp_dim_problem(weight, tp_dim, 0, who, "weight"));
   const auto out_local = weight.mapping().rows.local_extent();
   if (static_cast<index_t>(x.extent(1)) != weight.cols())
     throw error(fmt::format(
@@ -324,8 +331,6 @@ tp_matrix_view_t<W> column_backward(const W& weight, const X& x, const GY& grad_
                                     std::size_t tp_dim) {
   using ExecSpace = typename W::execution_space;
   const char* who = "column_parallel_linear_backward";
-  check_tp_dim(weight, tp_dim, 0, who, "weight");
-  check_same_placement(weight, grad_weight, who, "grad_weight");
   const auto out_local = weight.mapping().rows.local_extent();
   std::optional<std::string> problem;
   if (static_cast<index_t>(x.extent(1)) != weight.cols())
@@ -347,6 +352,8 @@ tp_matrix_view_t<W> column_backward(const W& weight, const X& x, const GY& grad_
         "there is {}: it needs {}",
         who, weight.mesh().my_rank(), grad_bias_local->extent(0), shape_of(weight.local()),
         out_local);
+  if (!problem) problem = tp_dim_problem(weight, tp_dim, 0, who, "weight");
+  if (!problem) problem = placement_problem(weight, grad_weight, who, "grad_weight");
   agree(weight.mesh().comm(), problem);
   tp_matrix_view_t<W> grad_x(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::column_parallel_grad_x"),
@@ -416,7 +423,6 @@ void vocab_parallel_lookup(const M& table, const IdView& ids, const OutView& out
       "kshard::vocab_parallel_lookup: out must be writable from the table's execution space");
 
   const char* who = "vocab_parallel_lookup";
-  detail::check_tp_dim(table, tp_dim, 0, who, "table");
   const auto n = static_cast<index_t>(ids.extent(0));
   const index_t h = table.cols();
   std::optional<std::string> problem;
@@ -429,6 +435,7 @@ void vocab_parallel_lookup(const M& table, const IdView& ids, const OutView& out
     problem = fmt::format("kshard::{}: {} ids in one call; the limit is {}", who, n, INT_MAX);
   else
     problem = detail::check_ids<ExecSpace>(ids, table.rows(), who);
+  if (!problem) problem = detail::tp_dim_problem(table, tp_dim, 0, who, "table");
   detail::agree(table.mesh().comm(), problem);
 
   const auto rows = table.mapping().rows;
@@ -511,7 +518,7 @@ void vocab_parallel_lookup_backward(const M& grad_table, const IdView& ids,
       "kshard::vocab_parallel_lookup_backward: grad_output must be readable from the table's "
       "execution space");
 
-  detail::check_tp_dim(grad_table, tp_dim, 0, who, "gradient table");
+  detail::throw_if(detail::tp_dim_problem(grad_table, tp_dim, 0, who, "gradient table"));
   const auto n = static_cast<index_t>(ids.extent(0));
   const index_t vocab = grad_table.rows();
   const index_t h = grad_table.cols();

@@ -37,15 +37,22 @@ using kshard::test::world_size;
 using Rows = Layout<Shard<0>>;
 using Matrix = kshard::DistMatrix<float, Rows, ExecSpace, MemSpace>;
 
-// FNV-1a over the gathered bytes: identical before and after a refusal.
+// FNV-1a over the local shard's bytes: identical before and after a refusal.
 template <class M>
 std::uint64_t checksum(const M& matrix) {
-  const auto full = kshard::gather(matrix);
+  const auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
   std::uint64_t hash = 1469598103934665603ull;
-  const auto* bytes = reinterpret_cast<const unsigned char*>(full.data());
-  for (std::size_t i = 0; i < full.span() * sizeof(float); ++i)
+  const auto* bytes = reinterpret_cast<const unsigned char*>(local.data());
+  for (std::size_t i = 0; i < local.span() * sizeof(typename M::value_type); ++i)
     hash = (hash ^ bytes[i]) * 1099511628211ull;
   return hash;
+}
+
+// A matrix whose checksum a refusal must not change.
+using Watched = std::function<std::uint64_t()>;
+template <class M>
+Watched watch(const M& matrix) {
+  return [&matrix] { return checksum(matrix); };
 }
 
 // `bad(here)`: the operation with a bad argument where `here` is true. Runs it bad on every
@@ -53,20 +60,20 @@ std::uint64_t checksum(const M& matrix) {
 // one of `phrases`, the same everywhere, and `watched` must not change.
 void expect_collective_refusal(const std::string& name, const std::vector<std::string>& phrases,
                                const std::function<void(bool)>& bad,
-                               const std::vector<const Matrix*>& watched = {},
+                               const std::vector<Watched>& watched = {},
                                bool one_rank_only = false) {
   for (const bool everywhere : {true, false}) {
     if (one_rank_only && (everywhere || world_size() == 1)) continue;
     SCOPED_TRACE(fmt::format("{}: bad on {}", name, everywhere ? "every rank" : "the last rank"));
     std::vector<std::uint64_t> before;
-    for (const Matrix* m : watched) before.push_back(checksum(*m));
+    for (const Watched& sum : watched) before.push_back(sum());
     const bool here = everywhere || world_rank() == world_size() - 1;
     const std::string message = collective_error([&] { bad(here); });
     bool named = false;
     for (const auto& phrase : phrases) named = named || message.find(phrase) != std::string::npos;
     EXPECT_TRUE(named) << "'" << message << "'";
     std::vector<std::uint64_t> after;
-    for (const Matrix* m : watched) after.push_back(checksum(*m));
+    for (const Watched& sum : watched) after.push_back(sum());
     EXPECT_TRUE(all_ranks(before == after)) << "a refusal changed a matrix";
   }
   EXPECT_TRUE(all_ranks(true));  // the next collective still runs
@@ -159,24 +166,25 @@ TEST(BadInput, RepairConfigAndArguments) {
         (void)kshard::repair_embedding_rows(input, output,
                                             kshard::RepairConfig(true, here ? 1e-3 : 1e-4, 4));
       },
-      {&input, &output}, /*one_rank_only=*/true);
+      {watch(input), watch(output)}, /*one_rank_only=*/true);
   expect_collective_refusal(
       "tied storage", {"tied weights"},
       [&](bool here) { (void)kshard::repair_embedding_rows(input, here ? input : output, config); },
-      {&input, &output});
+      {watch(input), watch(output)});
   const auto damaged_output = make(mesh, table(10, 4, true));
   expect_collective_refusal(
       "damaged output rows", {"are damaged too"},
       [&](bool) { (void)kshard::repair_embedding_rows(input, damaged_output, config); },
-      {&input, &damaged_output});
+      {watch(input), watch(damaged_output)});
   const auto zeros = make(mesh, kshard::HostMatrix<float>("zeros", 10, 4));
   expect_collective_refusal(
       "all rows damaged", {"more than max_rows", "no healthy rows"},
-      [&](bool) { (void)kshard::repair_embedding_rows(zeros, output, config); }, {&zeros, &output});
+      [&](bool) { (void)kshard::repair_embedding_rows(zeros, output, config); },
+      {watch(zeros), watch(output)});
   const auto wide = make(mesh, kshard::test::reference_matrix<float>(10, 5, 3));
   expect_collective_refusal("shape mismatch", {"is 10 x 5 but input embedding"},
                             [&](bool) { (void)kshard::repair_embedding_rows(input, wide, config); },
-                            {&input, &wide});
+                            {watch(input), watch(wide)});
   using Strided = Layout<StridedShard<0>>;
   const auto strided_in = kshard::distribute<ExecSpace, MemSpace>(
       mesh, Strided(StridedShard<0>{2}), kshard::HostMatrix<const float>(table(10, 4, true)));
@@ -212,6 +220,96 @@ TEST(BadInput, TokenIds) {
     Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> grad("grad", 3, here ? 5 : 4);
     kshard::vocab_parallel_lookup_backward(grad_table, ids, grad, 1);
   });
+}
+
+TEST(BadInput, TensorParallelArguments) {
+  const int size = world_size();
+  kshard::Mesh<2> mesh(MPI_COMM_WORLD, {1, size}, {"dp", "tp"});
+  const auto w = kshard::test::reference_matrix<float>(6, 5, 7);
+  using RowLayout = Layout<Replicate, Shard<1>>;
+  using ColumnLayout = Layout<Replicate, Shard<0>>;
+  const auto row_weight = kshard::distribute<ExecSpace, MemSpace>(
+      mesh, RowLayout{}, kshard::HostMatrix<const float>(w));
+  const auto column_weight = kshard::distribute<ExecSpace, MemSpace>(
+      mesh, ColumnLayout{}, kshard::HostMatrix<const float>(w));
+  using View = Kokkos::View<float**, Kokkos::LayoutRight, MemSpace>;
+  const auto in_local = static_cast<std::size_t>(row_weight.mapping().cols.local_extent());
+  const auto out_local = static_cast<std::size_t>(column_weight.mapping().rows.local_extent());
+  const View x_local("x_local", 3, in_local);
+  const View x("x", 3, 5);
+  const View grad_y_local("grad_y_local", 3, out_local);
+
+  expect_collective_refusal(
+      "tp_dim differs", {"does not shard tensor dimension 1 over mesh dimension 0"},
+      [&](bool here) { (void)kshard::row_parallel_linear(row_weight, x_local, here ? 0 : 1); },
+      {watch(row_weight)});
+  expect_collective_refusal("x_local width", {"x_local on rank"},
+                            [&](bool here) {
+                              (void)kshard::row_parallel_linear(
+                                  row_weight, here ? View("bad", 3, in_local + 1) : x_local, 1);
+                            },
+                            {watch(row_weight)});
+
+  // Gradient matrices that do not match their weight: another shape, another mesh.
+  using ColumnMatrix = kshard::DistMatrix<float, ColumnLayout, ExecSpace, MemSpace>;
+  const ColumnMatrix grad(mesh, ColumnLayout{}, 6, 5);
+  const ColumnMatrix narrow(mesh, ColumnLayout{}, 6, 4);
+  expect_collective_refusal("gradient shape", {"grad_weight is 6 x 4 but the weight is 6 x 5"},
+                            [&](bool here) {
+                              (void)kshard::column_parallel_linear_backward(
+                                  column_weight, x, grad_y_local, here ? narrow : grad, 1);
+                            },
+                            {watch(column_weight), watch(grad), watch(narrow)});
+  if (size > 1) {  // one rank has no other mesh shape
+    kshard::Mesh<2> transposed(MPI_COMM_WORLD, {size, 1}, {"dp", "tp"});
+    const ColumnMatrix elsewhere(transposed, ColumnLayout{}, 6, 5);
+    expect_collective_refusal("gradient on another mesh", {"not the same mesh"},
+                              [&](bool here) {
+                                (void)kshard::column_parallel_linear_backward(
+                                    column_weight, x, grad_y_local, here ? elsewhere : grad, 1);
+                              },
+                              {watch(column_weight), watch(grad), watch(elsewhere)});
+  }
+  const auto table = kshard::distribute<ExecSpace, MemSpace>(mesh, ColumnLayout{},
+                                                             kshard::HostMatrix<const float>(w));
+  Kokkos::View<std::int32_t*, MemSpace> ids("ids", 4);
+  expect_collective_refusal(
+      "lookup tp_dim differs", {"does not shard tensor dimension 0 over mesh dimension 0"},
+      [&](bool here) { (void)kshard::vocab_parallel_lookup(table, ids, here ? 0 : 1); },
+      {watch(table)});
+}
+
+TEST(BadInput, RedistributeTargets) {
+  const int size = world_size();
+  kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size});
+  const auto m = make(mesh, table(8, 3));
+  using Strided = Layout<StridedShard<0>>;
+  expect_collective_refusal(
+      "target split factor", {"split factor 0", "differ between ranks"},
+      [&](bool here) { (void)kshard::redistribute(m, Strided(StridedShard<0>{here ? 0 : 2})); },
+      {watch(m)});
+  const Matrix right(mesh, Rows{}, 8, 3);
+  const Matrix taller(mesh, Rows{}, 9, 3);
+  expect_collective_refusal("redistribute_into shape",
+                            {"the target is 9 x 3 but the matrix is 8 x 3"},
+                            [&](bool here) { kshard::redistribute_into(m, here ? taller : right); },
+                            {watch(m), watch(right), watch(taller)});
+  if (size > 1) {  // on one rank every communicator is congruent with the world
+    // A target mesh of another size, over this rank alone: not the matrix's communicator.
+    using Target = Layout<Replicate, Shard<0>>;
+    const kshard::Mesh<2> alone(MPI_COMM_SELF, {1, 1});
+    const kshard::Mesh<2> wide(MPI_COMM_WORLD, {1, size});
+    expect_collective_refusal(
+        "target mesh on another communicator", {"different communicator"},
+        [&](bool here) { (void)kshard::redistribute(m, here ? alone : wide, Target{}); },
+        {watch(m)});
+    const kshard::DistMatrix<float, Target, ExecSpace, MemSpace> over_alone(alone, Target{}, 8, 3);
+    const kshard::DistMatrix<float, Target, ExecSpace, MemSpace> over_wide(wide, Target{}, 8, 3);
+    expect_collective_refusal(
+        "redistribute_into another communicator", {"different communicator"},
+        [&](bool here) { kshard::redistribute_into(m, here ? over_alone : over_wide); },
+        {watch(m), watch(over_alone), watch(over_wide)});
+  }
 }
 
 }  // namespace
