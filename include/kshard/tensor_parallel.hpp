@@ -237,6 +237,13 @@ constexpr void check_linear_types() {
 template <class W, class X, class B>
 tp_matrix_view_t<W> row_forward(const W& weight, const X& x_local, const B* bias,
                                 std::size_t tp_dim) {
+  static_assert(tp_layout_v<typename W::layout_type, 1>,
+                "kshard::row_parallel_linear: the weight's columns (input features) must be split "
+                "over exactly one mesh dimension (the tp dimension), its rows not at all, and "
+                "every other mesh dimension must Replicate it");
+  static_assert(is_view_of_rank<X>(2) && is_view_of_rank<B>(1),
+                "kshard::row_parallel_linear: x_local must be a rank-2 and bias a rank-1 view");
+  check_linear_types<W, X, B>();
   using ExecSpace = typename W::execution_space;
   const char* who = "row_parallel_linear";
   const auto in_local = weight.mapping().cols.local_extent();
@@ -268,6 +275,13 @@ tp_matrix_view_t<W> row_forward(const W& weight, const X& x_local, const B* bias
 template <class W, class G, class X, class GY, class GB>
 tp_matrix_view_t<W> row_backward(const W& weight, const X& x_local, const GY& grad_y,
                                  const G& grad_weight, const GB* grad_bias, std::size_t tp_dim) {
+  static_assert(tp_layout_v<typename W::layout_type, 1>,
+                "kshard::row_parallel_linear_backward: the weight's columns must be split over "
+                "exactly one mesh dimension (the tp dimension) and nothing else");
+  static_assert(is_view_of_rank<X>(2) && is_view_of_rank<GY>(2) && is_view_of_rank<GB>(1),
+                "kshard::row_parallel_linear_backward: x_local and grad_y must be rank-2 views, "
+                "grad_bias a rank-1 view");
+  check_linear_types<W, X, GY, GB>();
   using ExecSpace = typename W::execution_space;
   const char* who = "row_parallel_linear_backward";
   throw_if(tp_dim_problem(weight, tp_dim, 1, who, "weight"));
@@ -301,6 +315,13 @@ tp_matrix_view_t<W> row_backward(const W& weight, const X& x_local, const GY& gr
 template <class W, class X, class B>
 tp_matrix_view_t<W> column_forward(const W& weight, const X& x, const B* bias_local,
                                    std::size_t tp_dim) {
+  static_assert(tp_layout_v<typename W::layout_type, 0>,
+                "kshard::column_parallel_linear: the weight's rows (output features) must be "
+                "split over exactly one mesh dimension (the tp dimension), its columns not at "
+                "all, and every other mesh dimension must Replicate it");
+  static_assert(is_view_of_rank<X>(2) && is_view_of_rank<B>(1),
+                "kshard::column_parallel_linear: x must be a rank-2 and bias_local a rank-1 view");
+  check_linear_types<W, X, B>();
   using ExecSpace = typename W::execution_space;
   const char* who = "column_parallel_linear";
   throw_if(tp_dim_problem(weight, tp_dim, 0, who, "weight"));
@@ -329,6 +350,13 @@ template <class W, class G, class X, class GY, class GB>
 tp_matrix_view_t<W> column_backward(const W& weight, const X& x, const GY& grad_y_local,
                                     const G& grad_weight, const GB* grad_bias_local,
                                     std::size_t tp_dim) {
+  static_assert(tp_layout_v<typename W::layout_type, 0>,
+                "kshard::column_parallel_linear_backward: the weight's rows must be split over "
+                "exactly one mesh dimension (the tp dimension) and nothing else");
+  static_assert(is_view_of_rank<X>(2) && is_view_of_rank<GY>(2) && is_view_of_rank<GB>(1),
+                "kshard::column_parallel_linear_backward: x and grad_y_local must be rank-2 "
+                "views, grad_bias_local a rank-1 view");
+  check_linear_types<W, X, GY, GB>();
   using ExecSpace = typename W::execution_space;
   const char* who = "column_parallel_linear_backward";
   const auto out_local = weight.mapping().rows.local_extent();
@@ -652,13 +680,6 @@ void copy_to_tp_backward(const Mesh<N>& mesh, std::size_t tp_dim, const View& gr
 template <ValuedMatrix W, class X, class B>
 detail::tp_matrix_view_t<W> row_parallel_linear(const W& weight, const X& x_local, const B& bias,
                                                 std::size_t tp_dim) {
-  static_assert(detail::tp_layout_v<typename W::layout_type, 1>,
-                "kshard::row_parallel_linear: the weight's columns (input features) must be split "
-                "over exactly one mesh dimension (the tp dimension), its rows not at all, and "
-                "every other mesh dimension must Replicate it");
-  static_assert(detail::is_view_of_rank<X>(2) && detail::is_view_of_rank<B>(1),
-                "kshard::row_parallel_linear: x_local must be a rank-2 and bias a rank-1 view");
-  detail::check_linear_types<W, X, B>();
   return detail::row_forward(weight, x_local, &bias, tp_dim);
 }
 
@@ -666,13 +687,6 @@ detail::tp_matrix_view_t<W> row_parallel_linear(const W& weight, const X& x_loca
 template <ValuedMatrix W, class X>
 detail::tp_matrix_view_t<W> row_parallel_linear(const W& weight, const X& x_local,
                                                 std::size_t tp_dim) {
-  static_assert(detail::tp_layout_v<typename W::layout_type, 1>,
-                "kshard::row_parallel_linear: the weight's columns (input features) must be split "
-                "over exactly one mesh dimension (the tp dimension), its rows not at all, and "
-                "every other mesh dimension must Replicate it");
-  static_assert(detail::is_view_of_rank<X>(2),
-                "kshard::row_parallel_linear: x_local must be a rank-2 view");
-  detail::check_linear_types<W, X>();
   return detail::row_forward(weight, x_local, static_cast<const detail::tp_no_bias_t<W>*>(nullptr),
                              tp_dim);
 }
@@ -686,14 +700,6 @@ template <ValuedMatrix W, ValuedMatrix G, class X, class GY, class GB>
 detail::tp_matrix_view_t<W> row_parallel_linear_backward(const W& weight, const X& x_local,
                                                          const GY& grad_y, const G& grad_weight,
                                                          const GB& grad_bias, std::size_t tp_dim) {
-  static_assert(detail::tp_layout_v<typename W::layout_type, 1>,
-                "kshard::row_parallel_linear_backward: the weight's columns must be split over "
-                "exactly one mesh dimension (the tp dimension) and nothing else");
-  static_assert(detail::is_view_of_rank<X>(2) && detail::is_view_of_rank<GY>(2) &&
-                    detail::is_view_of_rank<GB>(1),
-                "kshard::row_parallel_linear_backward: x_local and grad_y must be rank-2 views, "
-                "grad_bias a rank-1 view");
-  detail::check_linear_types<W, X, GY, GB>();
   return detail::row_backward(weight, x_local, grad_y, grad_weight, &grad_bias, tp_dim);
 }
 
@@ -702,12 +708,6 @@ template <ValuedMatrix W, ValuedMatrix G, class X, class GY>
 detail::tp_matrix_view_t<W> row_parallel_linear_backward(const W& weight, const X& x_local,
                                                          const GY& grad_y, const G& grad_weight,
                                                          std::size_t tp_dim) {
-  static_assert(detail::tp_layout_v<typename W::layout_type, 1>,
-                "kshard::row_parallel_linear_backward: the weight's columns must be split over "
-                "exactly one mesh dimension (the tp dimension) and nothing else");
-  static_assert(detail::is_view_of_rank<X>(2) && detail::is_view_of_rank<GY>(2),
-                "kshard::row_parallel_linear_backward: x_local and grad_y must be rank-2 views");
-  detail::check_linear_types<W, X, GY>();
   return detail::row_backward(weight, x_local, grad_y, grad_weight,
                               static_cast<const detail::tp_no_bias_t<W>*>(nullptr), tp_dim);
 }
@@ -725,13 +725,6 @@ detail::tp_matrix_view_t<W> row_parallel_linear_backward(const W& weight, const 
 template <ValuedMatrix W, class X, class B>
 detail::tp_matrix_view_t<W> column_parallel_linear(const W& weight, const X& x, const B& bias_local,
                                                    std::size_t tp_dim) {
-  static_assert(detail::tp_layout_v<typename W::layout_type, 0>,
-                "kshard::column_parallel_linear: the weight's rows (output features) must be "
-                "split over exactly one mesh dimension (the tp dimension), its columns not at "
-                "all, and every other mesh dimension must Replicate it");
-  static_assert(detail::is_view_of_rank<X>(2) && detail::is_view_of_rank<B>(1),
-                "kshard::column_parallel_linear: x must be a rank-2 and bias_local a rank-1 view");
-  detail::check_linear_types<W, X, B>();
   return detail::column_forward(weight, x, &bias_local, tp_dim);
 }
 
@@ -739,13 +732,6 @@ detail::tp_matrix_view_t<W> column_parallel_linear(const W& weight, const X& x, 
 template <ValuedMatrix W, class X>
 detail::tp_matrix_view_t<W> column_parallel_linear(const W& weight, const X& x,
                                                    std::size_t tp_dim) {
-  static_assert(detail::tp_layout_v<typename W::layout_type, 0>,
-                "kshard::column_parallel_linear: the weight's rows (output features) must be "
-                "split over exactly one mesh dimension (the tp dimension), its columns not at "
-                "all, and every other mesh dimension must Replicate it");
-  static_assert(detail::is_view_of_rank<X>(2),
-                "kshard::column_parallel_linear: x must be a rank-2 view");
-  detail::check_linear_types<W, X>();
   return detail::column_forward(weight, x, static_cast<const detail::tp_no_bias_t<W>*>(nullptr),
                                 tp_dim);
 }
@@ -763,14 +749,6 @@ detail::tp_matrix_view_t<W> column_parallel_linear_backward(const W& weight, con
                                                             const G& grad_weight,
                                                             const GB& grad_bias_local,
                                                             std::size_t tp_dim) {
-  static_assert(detail::tp_layout_v<typename W::layout_type, 0>,
-                "kshard::column_parallel_linear_backward: the weight's rows must be split over "
-                "exactly one mesh dimension (the tp dimension) and nothing else");
-  static_assert(detail::is_view_of_rank<X>(2) && detail::is_view_of_rank<GY>(2) &&
-                    detail::is_view_of_rank<GB>(1),
-                "kshard::column_parallel_linear_backward: x and grad_y_local must be rank-2 "
-                "views, grad_bias_local a rank-1 view");
-  detail::check_linear_types<W, X, GY, GB>();
   return detail::column_backward(weight, x, grad_y_local, grad_weight, &grad_bias_local, tp_dim);
 }
 
@@ -780,13 +758,6 @@ detail::tp_matrix_view_t<W> column_parallel_linear_backward(const W& weight, con
                                                             const GY& grad_y_local,
                                                             const G& grad_weight,
                                                             std::size_t tp_dim) {
-  static_assert(detail::tp_layout_v<typename W::layout_type, 0>,
-                "kshard::column_parallel_linear_backward: the weight's rows must be split over "
-                "exactly one mesh dimension (the tp dimension) and nothing else");
-  static_assert(detail::is_view_of_rank<X>(2) && detail::is_view_of_rank<GY>(2),
-                "kshard::column_parallel_linear_backward: x and grad_y_local must be rank-2 "
-                "views");
-  detail::check_linear_types<W, X, GY>();
   return detail::column_backward(weight, x, grad_y_local, grad_weight,
                                  static_cast<const detail::tp_no_bias_t<W>*>(nullptr), tp_dim);
 }

@@ -536,6 +536,21 @@ TEST(Redistribute, MeshChangeSendsOnlyWhatMoves) {
   EXPECT_TRUE(all_ranks(shard_matches(by_cols, full, 0)));
 }
 
+// Calls f with a 1-D mesh over half of the world's ranks: not the world's communicator.
+template <class F>
+void on_half_mesh(F&& f) {
+  const int rank = kshard::test::world_rank();
+  MPI_Comm half = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, rank < world_size() / 2 ? 0 : 1, rank, &half);
+  int half_size = 0;
+  MPI_Comm_size(half, &half_size);
+  {
+    const kshard::Mesh<1> mesh(half, {half_size});
+    f(mesh);
+  }
+  MPI_Comm_free(&half);
+}
+
 TEST(Redistribute, BadArgumentsAreCollectiveErrors) {
   const int size = world_size();
   kshard::Mesh<1> line(MPI_COMM_WORLD, {size});
@@ -552,18 +567,11 @@ TEST(Redistribute, BadArgumentsAreCollectiveErrors) {
     EXPECT_NE(message.find("differ between ranks"), std::string::npos) << message;
   }
   if (size > 1) {
-    // A mesh over half of the ranks: not the matrix's communicator.
-    MPI_Comm half = MPI_COMM_NULL;
-    MPI_Comm_split(MPI_COMM_WORLD, line.my_rank() < size / 2 ? 0 : 1, line.my_rank(), &half);
-    int half_size = 0;
-    MPI_Comm_size(half, &half_size);
-    {
-      kshard::Mesh<1> other(half, {half_size});
+    on_half_mesh([&](const kshard::Mesh<1>& other) {
       message =
           collective_error([&] { (void)kshard::redistribute(matrix, other, Layout(Replicate{})); });
       EXPECT_NE(message.find("different communicator"), std::string::npos) << message;
-    }
-    MPI_Comm_free(&half);
+    });
   }
   // Nothing was sent by a failed call (only the agreement's metadata, which is not counted).
   kshard::reset_comm_stats();
@@ -595,18 +603,11 @@ TEST(Redistribute, IntoRefusesWrongTargetsAndWritesNothing) {
     expect_refused(alias, "shares memory with the matrix's");
   }
   if (size > 1) {
-    // A target over half of the ranks: not the matrix's communicator.
-    MPI_Comm half = MPI_COMM_NULL;
-    MPI_Comm_split(MPI_COMM_WORLD, line.my_rank() < size / 2 ? 0 : 1, line.my_rank(), &half);
-    int half_size = 0;
-    MPI_Comm_size(half, &half_size);
-    {
-      kshard::Mesh<1> other(half, {half_size});
+    on_half_mesh([&](const kshard::Mesh<1>& other) {
       Matrix<double, Layout<Replicate>> elsewhere(other, Layout(Replicate{}), 6, 4);
       Kokkos::deep_copy(elsewhere.local(), 3.0);
       expect_refused(elsewhere, "different communicator");
-    }
-    MPI_Comm_free(&half);
+    });
   }
 }
 
