@@ -75,9 +75,12 @@ Kokkos::View<const index_t*, MemSpace> to_space(const std::vector<index_t>& valu
   return result;
 }
 
-// buffer(block offset + row-major position) = shard(rows[a], cols[b]) for every block.
-template <class ExecSpace, class Shard, class Buffer>
-void pack_blocks(const Shard& shard, const BlockLists& lists, const Buffer& buffer) {
+enum class BlockMove { pack, unpack };
+
+// pack: buffer(block offset + row-major position) = shard(rows[a], cols[b]) for every block;
+// unpack: the reverse assignment.
+template <class ExecSpace, BlockMove Move, class Shard, class Buffer>
+void move_blocks(const Shard& shard, const BlockLists& lists, const Buffer& buffer) {
   using MemSpace = typename Shard::memory_space;
   const auto rows = to_space<MemSpace>(lists.rows);
   const auto cols = to_space<MemSpace>(lists.cols);
@@ -88,33 +91,25 @@ void pack_blocks(const Shard& shard, const BlockLists& lists, const Buffer& buff
     const index_t nc = b.cols;
     const index_t off = b.offset;
     Kokkos::parallel_for(
-        "kshard::redistribute::pack",
+        Move == BlockMove::pack ? "kshard::redistribute::pack" : "kshard::redistribute::unpack",
         Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {b.rows, b.cols}),
         KOKKOS_LAMBDA(const index_t i, const index_t j) {
-          buffer(off + i * nc + j) = shard(rows(rb + i), cols(cb + j));
+          if constexpr (Move == BlockMove::pack)
+            buffer(off + i * nc + j) = shard(rows(rb + i), cols(cb + j));
+          else
+            shard(rows(rb + i), cols(cb + j)) = buffer(off + i * nc + j);
         });
   }
 }
 
-// shard(rows[a], cols[b]) = buffer(block offset + row-major position) for every block.
+template <class ExecSpace, class Shard, class Buffer>
+void pack_blocks(const Shard& shard, const BlockLists& lists, const Buffer& buffer) {
+  move_blocks<ExecSpace, BlockMove::pack>(shard, lists, buffer);
+}
+
 template <class ExecSpace, class Buffer, class Shard>
 void unpack_blocks(const Buffer& buffer, const BlockLists& lists, const Shard& shard) {
-  using MemSpace = typename Shard::memory_space;
-  const auto rows = to_space<MemSpace>(lists.rows);
-  const auto cols = to_space<MemSpace>(lists.cols);
-  for (const Block& b : lists.blocks) {
-    if (b.rows == 0 || b.cols == 0) continue;
-    const index_t rb = b.row_begin;
-    const index_t cb = b.col_begin;
-    const index_t nc = b.cols;
-    const index_t off = b.offset;
-    Kokkos::parallel_for(
-        "kshard::redistribute::unpack",
-        Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {b.rows, b.cols}),
-        KOKKOS_LAMBDA(const index_t i, const index_t j) {
-          shard(rows(rb + i), cols(cb + j)) = buffer(off + i * nc + j);
-        });
-  }
+  move_blocks<ExecSpace, BlockMove::unpack>(shard, lists, buffer);
 }
 
 // out(out_rows[a], out_cols[b]) = in(in_rows[a], in_cols[b]): a local copy between two
