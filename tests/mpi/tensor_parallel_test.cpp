@@ -670,52 +670,6 @@ TEST(TensorParallelLinear, ColumnThenRowPair) {
   });
 }
 
-// The local products on their own: every variant, full and edge tiles, several column chunks
-// of the transposed operand, overwrite and accumulate, against a triple loop.
-template <class T>
-void check_gemm(index_t m, index_t n, index_t k, std::uint64_t seed) {
-  SCOPED_TRACE(::testing::Message()
-               << fmt::format("gemm {} x {} x {}, {}-byte elements", m, n, k, sizeof(T)));
-  const auto a = cast<T>(reference_matrix<double>(m, k, seed));       // M x K
-  const auto at = cast<T>(reference_matrix<double>(k, m, seed + 1));  // K x M
-  const auto b = cast<T>(reference_matrix<double>(k, n, seed + 2));   // K x N
-  const auto bt = cast<T>(reference_matrix<double>(n, k, seed + 3));  // N x K
-  const auto c0 = cast<T>(reference_matrix<double>(m, n, seed + 4));
-  auto run = [&](int variant, bool accumulate) {
-    auto c = to_device(c0);
-    if (variant == 0) kshard::detail::gemm_nn<ExecSpace>(to_device(a), to_device(b), c, accumulate);
-    if (variant == 1)
-      kshard::detail::gemm_tn<ExecSpace>(to_device(at), to_device(b), c, accumulate);
-    if (variant == 2)
-      kshard::detail::gemm_nt<ExecSpace>(to_device(a), to_device(bt), c, accumulate);
-    const auto got = to_host(c);
-    bool ok = true;
-    for (std::size_t i = 0; i < got.extent(0); ++i)
-      for (std::size_t j = 0; j < got.extent(1); ++j) {
-        double want = accumulate ? static_cast<double>(c0(i, j)) : 0.0;
-        for (std::size_t p = 0; p < static_cast<std::size_t>(k); ++p) {
-          const double x = variant == 1 ? at(p, i) : a(i, p);
-          const double y = variant == 2 ? bt(j, p) : b(p, j);
-          want += x * y;
-        }
-        ok = ok && close(static_cast<double>(got(i, j)), want, tolerance<T>(k));
-      }
-    EXPECT_TRUE(ok) << "variant " << variant << (accumulate ? ", accumulate" : "");
-  };
-  for (int variant = 0; variant < 3; ++variant) {
-    run(variant, false);
-    run(variant, true);
-  }
-}
-
-TEST(TensorParallelGemm, EveryVariantAgainstTripleLoop) {
-  check_gemm<float>(9, 35, 13, 90);  // full and edge tiles in both directions
-  check_gemm<double>(8, 16, 1, 91);  // full tiles only
-  check_gemm<double>(3, 7, 0, 92);   // K = 0
-  check_gemm<float>(0, 4, 3, 93);    // M = 0
-  check_gemm<double>(13, 11, 29, 94);
-}
-
 TEST(TensorParallelLinear, RefusesWrongShapesLayoutsAndMeshes) {
   const int size = world_size();
   const bool last = world_rank() == size - 1;
