@@ -16,6 +16,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "kshard/comm_stats.hpp"
 #include "kshard/distribute.hpp"
@@ -136,12 +137,13 @@ bool shard_matches(const Matrix<T, L>& matrix, const kshard::HostMatrix<T>& full
   return ok;
 }
 
-template <class V>
-bool same_bits(const V& a, const V& b) {
+template <class A, class B>
+bool same_bits(const A& a, const B& b) {
+  static_assert(std::is_same_v<typename A::value_type, typename B::value_type>);
   const auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
   const auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
   return ha.extent(0) == hb.extent(0) && ha.extent(1) == hb.extent(1) &&
-         std::memcmp(ha.data(), hb.data(), ha.span() * sizeof(typename V::value_type)) == 0;
+         std::memcmp(ha.data(), hb.data(), ha.span() * sizeof(typename A::value_type)) == 0;
 }
 
 // redistribute_into a matrix of `moved`'s layout on `target_mesh`, holding garbage: the same

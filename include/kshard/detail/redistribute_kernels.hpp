@@ -77,8 +77,28 @@ Kokkos::View<const index_t*, MemSpace> to_space(const std::vector<index_t>& valu
 
 enum class BlockMove { pack, unpack };
 
-// pack: buffer(block offset + row-major position) = shard(rows[a], cols[b]) for every block;
-// unpack: the reverse assignment.
+// pack: buffer(offset + row-major position) = shard(rows[row_begin + i], cols[col_begin + j]);
+// unpack: the reverse assignment. A named functor: nvcc rejects a device lambda whose captures
+// are first used inside `if constexpr`.
+template <BlockMove Move, class Shard, class Buffer, class Indices>
+struct MoveBlock {
+  Shard shard;
+  Buffer buffer;
+  Indices rows;
+  Indices cols;
+  index_t row_begin = 0;
+  index_t col_begin = 0;
+  index_t width = 0;
+  index_t offset = 0;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t i, const index_t j) const {
+    if constexpr (Move == BlockMove::pack)
+      buffer(offset + i * width + j) = shard(rows(row_begin + i), cols(col_begin + j));
+    else
+      shard(rows(row_begin + i), cols(col_begin + j)) = buffer(offset + i * width + j);
+  }
+};
+
 template <class ExecSpace, BlockMove Move, class Shard, class Buffer>
 void move_blocks(const Shard& shard, const BlockLists& lists, const Buffer& buffer) {
   using MemSpace = typename Shard::memory_space;
@@ -86,19 +106,11 @@ void move_blocks(const Shard& shard, const BlockLists& lists, const Buffer& buff
   const auto cols = to_space<MemSpace>(lists.cols);
   for (const Block& b : lists.blocks) {
     if (b.rows == 0 || b.cols == 0) continue;
-    const index_t rb = b.row_begin;
-    const index_t cb = b.col_begin;
-    const index_t nc = b.cols;
-    const index_t off = b.offset;
     Kokkos::parallel_for(
         Move == BlockMove::pack ? "kshard::redistribute::pack" : "kshard::redistribute::unpack",
         Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {b.rows, b.cols}),
-        KOKKOS_LAMBDA(const index_t i, const index_t j) {
-          if constexpr (Move == BlockMove::pack)
-            buffer(off + i * nc + j) = shard(rows(rb + i), cols(cb + j));
-          else
-            shard(rows(rb + i), cols(cb + j)) = buffer(off + i * nc + j);
-        });
+        MoveBlock<Move, Shard, Buffer, decltype(rows)>{shard, buffer, rows, cols, b.row_begin,
+                                                       b.col_begin, b.cols, b.offset});
   }
 }
 
