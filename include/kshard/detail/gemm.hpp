@@ -105,68 +105,34 @@ struct GemmBlocking {
   static constexpr index_t nc = 4096;
 };
 
-// Copies op(A)(ic + i, pc + p) for i < mc, p < kc into MR-tall micro-panels: panel i / MR holds
-// kc rows of MR values, zeros past row mc, so the micro-kernel never checks bounds.
-template <class Blocking, bool TransA, class AView, class Packed>
-struct GemmPackA {
-  using T = typename Blocking::value_type;
-  static constexpr index_t mr = Blocking::mr;
-
-  AView a;
+// Copies rows [first, first + extent) and columns [pc, pc + kc) of a matrix X into Width-tall
+// micro-panels: panel r / Width holds kc columns of Width values, zeros past row `extent`, so
+// the micro-kernel never checks bounds. X(x, p) is v(p, x) when `Transposed`, else v(x, p).
+// A's block is op(A) (Transposed = TransA), B's is op(B)^T (Transposed = !TransB).
+template <class T, index_t Width, bool Transposed, class View, class Packed>
+struct GemmPackPanels {
+  View v;
   Packed packed;
-  index_t ic = 0;
+  index_t first = 0;
   index_t pc = 0;
-  index_t mc = 0;
+  index_t extent = 0;
   index_t kc = 0;
 
   // item = panel * kc + p
   KOKKOS_INLINE_FUNCTION void operator()(const index_t item) const {
-    const index_t i0 = (item / kc) * mr;
+    const index_t x0 = (item / kc) * Width;
     const index_t p = item % kc;
     KSHARD_UNROLL
-    for (index_t r = 0; r < mr; ++r) {
-      const index_t i = i0 + r;
+    for (index_t r = 0; r < Width; ++r) {
+      const index_t x = x0 + r;
       T value = T(0);
-      if (i < mc) {
-        if constexpr (TransA)
-          value = a(pc + p, ic + i);
+      if (x < extent) {
+        if constexpr (Transposed)
+          value = v(pc + p, first + x);
         else
-          value = a(ic + i, pc + p);
+          value = v(first + x, pc + p);
       }
-      packed(item * mr + r) = value;
-    }
-  }
-};
-
-// Copies op(B)(pc + p, jc + j) for p < kc, j < nc into NR-wide micro-panels: panel j / NR holds
-// kc rows of NR values, zeros past column nc.
-template <class Blocking, bool TransB, class BView, class Packed>
-struct GemmPackB {
-  using T = typename Blocking::value_type;
-  static constexpr index_t nr = Blocking::nr;
-
-  BView b;
-  Packed packed;
-  index_t pc = 0;
-  index_t jc = 0;
-  index_t kc = 0;
-  index_t nc = 0;
-
-  // item = panel * kc + p
-  KOKKOS_INLINE_FUNCTION void operator()(const index_t item) const {
-    const index_t j0 = (item / kc) * nr;
-    const index_t p = item % kc;
-    KSHARD_UNROLL
-    for (index_t q = 0; q < nr; ++q) {
-      const index_t j = j0 + q;
-      T value = T(0);
-      if (j < nc) {
-        if constexpr (TransB)
-          value = b(jc + j, pc + p);
-        else
-          value = b(pc + p, jc + j);
-      }
-      packed(item * nr + q) = value;
+      packed(item * Width + r) = value;
     }
   }
 };
@@ -292,8 +258,8 @@ void gemm(const AView& a, const BView& b, const CView& c, index_t k, bool accumu
   using Blocking = GemmBlocking<T, Tile>;
   using Packed = Kokkos::View<T*, typename CView::memory_space>;
   using Policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>;
-  using Pack = GemmPack<GemmPackA<Blocking, TransA, AView, Packed>,
-                        GemmPackB<Blocking, TransB, BView, Packed>>;
+  using Pack = GemmPack<GemmPackPanels<T, Blocking::mr, TransA, AView, Packed>,
+                        GemmPackPanels<T, Blocking::nr, !TransB, BView, Packed>>;
   using Kernel = GemmMicroKernel<Blocking, CView, Packed>;
   constexpr index_t mr = Blocking::mr;
   constexpr index_t nr = Blocking::nr;
@@ -322,7 +288,7 @@ void gemm(const AView& a, const BView& b, const CView& c, index_t k, bool accumu
         const index_t b_items = ic == 0 ? tiles_n * kc : 0;
         Kokkos::parallel_for(
             "kshard::gemm::pack", Policy(0, b_items + tiles_m * kc),
-            Pack{{a, a_packed, ic, pc, mc, kc}, {b, b_packed, pc, jc, kc, nc}, b_items});
+            Pack{{a, a_packed, ic, pc, mc, kc}, {b, b_packed, jc, pc, nc, kc}, b_items});
         Kokkos::parallel_for(
             "kshard::gemm::tiles", Policy(0, tiles_m * tiles_n),
             Kernel{a_packed, b_packed, c, ic, jc, mc, nc, kc, tiles_m, pc == 0 && !accumulate});
