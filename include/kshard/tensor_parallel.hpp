@@ -624,8 +624,10 @@ void vocab_parallel_lookup_backward(const M& grad_table, const IdView& ids,
 /// `reduce_from_tensor_model_parallel_region`): replaces `values` (a rank-1 or rank-2 view of
 /// float, double, int32 or int64) in place by their SUM over the ranks along mesh dimension
 /// `tp_dim`. Fences `ExecSpace` first; one all-reduce over `mesh.dim_comm(tp_dim)`, none when that
-/// dimension has extent 1. Every rank of the mesh must call it with the same extents along tp.
-/// A `tp_dim` outside the mesh throws the same `kshard::error` on every rank.
+/// dimension has extent 1. Every rank of the mesh must call it with the same `tp_dim` and the
+/// same extents along tp: as MPI's own all-reduce, this hot path does not spend a collective
+/// agreeing on its arguments. A `tp_dim` outside the mesh on every rank throws the same
+/// `kshard::error` on every rank.
 template <class ExecSpace = void, std::size_t N, class View>
 void reduce_from_tp(const Mesh<N>& mesh, std::size_t tp_dim, const View& values) {
   static_assert(detail::is_view_of_rank<View>(1) || detail::is_view_of_rank<View>(2),
