@@ -45,6 +45,24 @@ inline Options parse(int argc, char** argv) {
   return options;
 }
 
+// The slowest rank's time for one run of `run` (seconds), after a barrier.
+template <class Run>
+double time_once(MPI_Comm comm, Run&& run) {
+  MPI_Barrier(comm);
+  const auto start = std::chrono::steady_clock::now();
+  run();
+  double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double slowest = 0;
+  MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return slowest;
+}
+
+inline double median(std::vector<double> values) {
+  std::nth_element(values.begin(), values.begin() + static_cast<long>(values.size() / 2),
+                   values.end());
+  return values[values.size() / 2];
+}
+
 // Median over repetitions of the slowest rank's time for `run` (seconds); `setup` runs before
 // each repetition, untimed. Both must leave no work pending (fence inside them).
 template <class Setup, class Run>
@@ -54,16 +72,9 @@ double time_collective(MPI_Comm comm, int repetitions, Setup&& setup, Run&& run)
   std::vector<double> times;
   for (int r = 0; r < repetitions; ++r) {
     setup();
-    MPI_Barrier(comm);
-    const auto start = std::chrono::steady_clock::now();
-    run();
-    double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    double slowest = 0;
-    MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
-    times.push_back(slowest);
+    times.push_back(time_once(comm, run));
   }
-  std::nth_element(times.begin(), times.begin() + static_cast<long>(times.size() / 2), times.end());
-  return times[times.size() / 2];
+  return median(times);
 }
 
 template <class Run>
@@ -85,29 +96,16 @@ struct Paired {
 template <class Setup, class Case, class Baseline>
 Paired time_paired(MPI_Comm comm, int repetitions, Setup&& setup, Case&& run_case,
                    Baseline&& run_baseline) {
-  const auto once = [comm](auto& run) {
-    MPI_Barrier(comm);
-    const auto start = std::chrono::steady_clock::now();
-    run();
-    double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    double slowest = 0;
-    MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
-    return slowest;
-  };
   setup();
-  once(run_case);  // warm-up of both
-  once(run_baseline);
+  time_once(comm, run_case);  // warm-up of both
+  time_once(comm, run_baseline);
   std::vector<double> a, b, ratios;
   for (int r = 0; r < repetitions; ++r) {
     setup();
-    a.push_back(once(run_case));
-    b.push_back(once(run_baseline));
+    a.push_back(time_once(comm, run_case));
+    b.push_back(time_once(comm, run_baseline));
     ratios.push_back(a.back() / b.back());
   }
-  const auto median = [](std::vector<double>& v) {
-    std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
-    return v[v.size() / 2];
-  };
   return {median(a), median(b), median(ratios)};
 }
 
@@ -117,13 +115,16 @@ Paired time_paired(MPI_Comm comm, int repetitions, Case&& run_case, Baseline&& r
       comm, repetitions, [] {}, run_case, run_baseline);
 }
 
-// Peak resident set size of this process, in MiB (Linux).
-inline double peak_rss_mib() {
+// Peak resident set size of the largest rank of `comm`, in MiB (Linux; collective).
+inline double largest_peak_rss_mib(MPI_Comm comm) {
   std::ifstream status("/proc/self/status");
   std::string line;
+  double mine = 0;
   while (std::getline(status, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  return 0;
+    if (line.rfind("VmHWM:", 0) == 0) mine = std::stod(line.substr(6)) / 1024.0;
+  double largest = 0;
+  MPI_Allreduce(&mine, &largest, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return largest;
 }
 
 // JSON records, one object per measurement: {"bench": ..., "ranks": ..., fields...}.

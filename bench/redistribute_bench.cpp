@@ -218,9 +218,7 @@ int main(int argc, char** argv) {
       shard_to_replicate(report, mesh, rows, cols, options.repetitions);
       shard0_to_shard1(report, mesh, rows, cols, options.repetitions);
       fsdp_unshard(report, MPI_COMM_WORLD, rows, cols, options.repetitions);
-      double rss = kshard::bench::peak_rss_mib();
-      double max_rss = 0;
-      MPI_Allreduce(&rss, &max_rss, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      const double max_rss = kshard::bench::largest_peak_rss_mib(MPI_COMM_WORLD);
       report.add("peak_rss",
                  fmt::format(R"("mib_per_rank": {:.1f}, "table_mib_per_rank": {:.1f})", max_rss,
                              static_cast<double>(rows * cols * 4) / size / 1048576.0));

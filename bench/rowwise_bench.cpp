@@ -225,9 +225,7 @@ int main(int argc, char** argv) {
               v, cols, t, static_cast<double>(table.local().span() * 4) / t / 1e9));
     }
     // Before the gather baseline, which holds the whole table: kshard's own peak.
-    double rss = kshard::bench::peak_rss_mib();
-    double max_rss = 0;
-    MPI_Allreduce(&rss, &max_rss, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    const double max_rss = kshard::bench::largest_peak_rss_mib(MPI_COMM_WORLD);
     report.add("peak_rss",
                fmt::format(R"("mib_per_rank": {:.1f}, "table_mib_per_rank": {:.1f})", max_rss,
                            static_cast<double>(rows * cols * 4) / size / 1048576.0));

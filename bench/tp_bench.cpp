@@ -149,9 +149,7 @@ void run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t voc
           type, vocab, hidden, n, t.seconds, t.baseline, t.ratio, t_fresh.ratio, bytes,
           out_bytes / t.seconds / 1e9));
 
-  double rss = kshard::bench::peak_rss_mib();
-  double max_rss = 0;
-  MPI_Allreduce(&rss, &max_rss, 1, MPI_DOUBLE, MPI_MAX, comm);
+  const double max_rss = kshard::bench::largest_peak_rss_mib(comm);
   report.add(
       "lookup_peak_rss",
       fmt::format(R"("type": "{}", "mib_per_rank": {:.1f}, "table_mib_per_rank": {:.1f})", type,

@@ -114,6 +114,20 @@ std::optional<std::string> check_target_layout(MPI_Comm comm,
   return std::nullopt;
 }
 
+// out = the elements of `in` (this rank's shard under `mine`) that the shard under `need` also
+// holds, copied locally: no message.
+template <class ExecSpace, class T, class S, std::size_t NS, std::size_t NT>
+void copy_held(const ShardView<T, S>& in, const LayoutMapping<NS>& mine, const ShardView<T, S>& out,
+               const LayoutMapping<NT>& need) {
+  BlockLists from;
+  BlockLists to;
+  const auto rows = overlaps(mine.rows, need.rows);
+  const auto cols = overlaps(mine.cols, need.cols);
+  from.add(rows, cols, true, 0);
+  to.add(rows, cols, false, 0);
+  copy_blocks<ExecSpace>(in, from, out, to);
+}
+
 // The exact exchange: every rank t receives each element of its new shard (dst) once, from the
 // rank that holds it in src and agrees with t on every src dimension that does not split
 // (Replicate or Partial: the same replica, the same addend); t itself where it already holds
@@ -163,15 +177,7 @@ void exchange(const ShardView<T, S>& in, const Geometry<NS>& src, const ShardVie
       received += k;
     }
   }
-  if (i_want) {  // what this rank already holds
-    BlockLists from;
-    BlockLists to;
-    const auto rows = overlaps(mine.rows, need.rows);
-    const auto cols = overlaps(mine.cols, need.cols);
-    from.add(rows, cols, true, 0);
-    to.add(rows, cols, false, 0);
-    copy_blocks<ExecSpace>(in, from, out, to);
-  }
+  if (i_want) copy_held<ExecSpace>(in, mine, out, need);  // what this rank already holds
   Kokkos::View<T*, S> send_buffer(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::send"),
       static_cast<std::size_t>(sent));
@@ -274,16 +280,9 @@ void run_step(const Mesh<N>& mesh, const Step<N>& step, const std::array<bool, N
       unpack_blocks<ExecSpace>(buffer, lists, out);
       return;
     }
-    case StepKind::slice: {
-      BlockLists from;
-      BlockLists to;
-      const auto rows = overlaps(mine.rows, need.rows);
-      const auto cols = overlaps(mine.cols, need.cols);
-      from.add(rows, cols, true, 0);
-      to.add(rows, cols, false, 0);
-      copy_blocks<ExecSpace>(in, from, out, to);
+    case StepKind::slice:
+      copy_held<ExecSpace>(in, mine, out, need);
       return;
-    }
     case StepKind::exchange_dim: {
       auto all = [](const std::array<int, N>&) { return true; };
       exchange<ExecSpace>(in, step.before, out, step.after, extent, self, member, member, all,
