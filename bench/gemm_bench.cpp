@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -177,36 +176,23 @@ void column_parallel(kshard::bench::Report& report, MPI_Comm comm, index_t token
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int status = 0;
-  {
-    Kokkos::ScopeGuard kokkos(argc, argv);
-    const auto options = kshard::bench::parse(argc, argv);
-    kshard::set_log_handler({});
+  const std::string name = std::string(kshard::bench::isa) == "native" ? "gemm" : "gemm_generic";
+  return kshard::bench::run_main(
+      argc, argv, name, [](kshard::bench::Report& report, const kshard::bench::Options& options) {
 #if defined(KSHARD_BENCH_OPENBLAS)
-    openblas_set_num_threads(1);  // the target is per core, as kshard's Serial kernel
+        openblas_set_num_threads(1);  // the target is per core, as kshard's Serial kernel
 #endif
-    kshard::bench::Report report(
-        std::string(kshard::bench::isa) == "native" ? "gemm" : "gemm_generic", MPI_COMM_WORLD);
-    try {
-      const std::vector<index_t> sizes =
-          options.quick ? std::vector<index_t>{128, 256} : std::vector<index_t>{256, 512, 1024};
-      for (index_t s : sizes)
-        product(report, MPI_COMM_WORLD, Form::nn, fmt::format("square_{}", s), s, s, s, options);
-      // The linear layers' products for N tokens, in = out = H: forward x W^T (nt), input
-      // gradient grad_y W (nn), weight gradient grad_y^T x (tn).
-      const index_t tokens = options.quick ? 512 : 4096;
-      const index_t h = options.quick ? 256 : 1024;
-      product(report, MPI_COMM_WORLD, Form::nt, "linear_forward", tokens, h, h, options);
-      product(report, MPI_COMM_WORLD, Form::nn, "linear_grad_input", tokens, h, h, options);
-      product(report, MPI_COMM_WORLD, Form::tn, "linear_grad_weight", h, h, tokens, options);
-      column_parallel(report, MPI_COMM_WORLD, tokens, h, h, options);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s\n", e.what());
-      status = 1;
-    }
-    report.write(options.output);
-  }
-  MPI_Finalize();
-  return status;
+        const std::vector<index_t> sizes =
+            options.quick ? std::vector<index_t>{128, 256} : std::vector<index_t>{256, 512, 1024};
+        for (index_t s : sizes)
+          product(report, MPI_COMM_WORLD, Form::nn, fmt::format("square_{}", s), s, s, s, options);
+        // The linear layers' products for N tokens, in = out = H: forward x W^T (nt), input
+        // gradient grad_y W (nn), weight gradient grad_y^T x (tn).
+        const index_t tokens = options.quick ? 512 : 4096;
+        const index_t h = options.quick ? 256 : 1024;
+        product(report, MPI_COMM_WORLD, Form::nt, "linear_forward", tokens, h, h, options);
+        product(report, MPI_COMM_WORLD, Form::nn, "linear_grad_input", tokens, h, h, options);
+        product(report, MPI_COMM_WORLD, Form::tn, "linear_grad_weight", h, h, tokens, options);
+        column_parallel(report, MPI_COMM_WORLD, tokens, h, h, options);
+      });
 }

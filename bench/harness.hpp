@@ -10,9 +10,12 @@
 
 #include <fmt/format.h>
 
+#include <kshard/log.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <string>
 #include <string_view>
@@ -162,5 +165,29 @@ class Report {
   int size_ = 1;
   std::vector<std::string> records_;
 };
+
+// A benchmark's whole main: MPI and Kokkos set up, options parsed, kshard's log silenced, then
+// `measure(report, options)`; the report is written even when a result check in it throws
+// (exit status 1).
+template <class Measure>
+int run_main(int argc, char** argv, const std::string& name, Measure&& measure) {
+  MPI_Init(&argc, &argv);
+  int status = 0;
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    const Options options = parse(argc, argv);
+    kshard::set_log_handler({});
+    Report report(name, MPI_COMM_WORLD);
+    try {
+      measure(report, options);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      status = 1;
+    }
+    report.write(options.output);
+  }
+  MPI_Finalize();
+  return status;
+}
 
 }  // namespace kshard::bench

@@ -10,7 +10,6 @@
 #include <fmt/format.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -201,33 +200,21 @@ void fsdp_unshard(kshard::bench::Report& report, MPI_Comm world, index_t rows, i
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int status = 0;
-  {
-    Kokkos::ScopeGuard kokkos(argc, argv);
-    const auto options = kshard::bench::parse(argc, argv);
-    kshard::set_log_handler({});
-    int size = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    const kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size});
-    kshard::bench::Report report("redistribute", mesh.comm());
-    // 256 MiB of fp32: the replicated result and the baseline's buffer fit on every rank.
-    const index_t rows = options.quick ? 8192 : 65536;
-    const index_t cols = options.quick ? 256 : 1024;
-    try {
-      shard_to_replicate(report, mesh, rows, cols, options.repetitions);
-      shard0_to_shard1(report, mesh, rows, cols, options.repetitions);
-      fsdp_unshard(report, MPI_COMM_WORLD, rows, cols, options.repetitions);
-      const double max_rss = kshard::bench::largest_peak_rss_mib(MPI_COMM_WORLD);
-      report.add("peak_rss",
-                 fmt::format(R"("mib_per_rank": {:.1f}, "table_mib_per_rank": {:.1f})", max_rss,
-                             static_cast<double>(rows * cols * 4) / size / 1048576.0));
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s\n", e.what());
-      status = 1;
-    }
-    report.write(options.output);
-  }
-  MPI_Finalize();
-  return status;
+  return kshard::bench::run_main(
+      argc, argv, "redistribute",
+      [](kshard::bench::Report& report, const kshard::bench::Options& options) {
+        int size = 0;
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        const kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size});
+        // 256 MiB of fp32: the replicated result and the baseline's buffer fit on every rank.
+        const index_t rows = options.quick ? 8192 : 65536;
+        const index_t cols = options.quick ? 256 : 1024;
+        shard_to_replicate(report, mesh, rows, cols, options.repetitions);
+        shard0_to_shard1(report, mesh, rows, cols, options.repetitions);
+        fsdp_unshard(report, MPI_COMM_WORLD, rows, cols, options.repetitions);
+        const double max_rss = kshard::bench::largest_peak_rss_mib(MPI_COMM_WORLD);
+        report.add("peak_rss",
+                   fmt::format(R"("mib_per_rank": {:.1f}, "table_mib_per_rank": {:.1f})", max_rss,
+                               static_cast<double>(rows * cols * 4) / size / 1048576.0));
+      });
 }

@@ -198,40 +198,34 @@ void zero_row_baseline(kshard::bench::Report& report, const kshard::Mesh<1>& mes
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  {
-    Kokkos::ScopeGuard kokkos(argc, argv);
-    const auto options = kshard::bench::parse(argc, argv);
-    kshard::set_log_handler({});
-    int size = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    const kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size});
-    kshard::bench::Report report("rowwise", mesh.comm());
-    const index_t rows = options.quick ? 16384 : 262144;
-    const index_t cols = options.quick ? 256 : 1024;
-    run<float>(report, mesh, rows, cols, options);
-    run<kshard::bf16>(report, mesh, rows, cols, options);
-    // How the cost grows with V: norms at four sizes.
-    for (index_t v : {rows / 8, rows / 4, rows / 2, rows}) {
-      const auto table = make_table<float>(mesh, v, cols, 0.5f);
-      const double t = kshard::bench::time_collective(mesh.comm(), options.repetitions, [&] {
-        const auto n = kshard::row_squared_norms(table);
-        Kokkos::fence();
+  return kshard::bench::run_main(
+      argc, argv, "rowwise",
+      [](kshard::bench::Report& report, const kshard::bench::Options& options) {
+        int size = 0;
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        const kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size});
+        const index_t rows = options.quick ? 16384 : 262144;
+        const index_t cols = options.quick ? 256 : 1024;
+        run<float>(report, mesh, rows, cols, options);
+        run<kshard::bf16>(report, mesh, rows, cols, options);
+        // How the cost grows with V: norms at four sizes.
+        for (index_t v : {rows / 8, rows / 4, rows / 2, rows}) {
+          const auto table = make_table<float>(mesh, v, cols, 0.5f);
+          const double t = kshard::bench::time_collective(mesh.comm(), options.repetitions, [&] {
+            const auto n = kshard::row_squared_norms(table);
+            Kokkos::fence();
+          });
+          report.add(
+              "norms_vs_rows",
+              fmt::format(
+                  R"("type": "float", "rows": {}, "cols": {}, "seconds": {:.6g}, "gbps_per_rank": {:.4g})",
+                  v, cols, t, static_cast<double>(table.local().span() * 4) / t / 1e9));
+        }
+        // Before the gather baseline, which holds the whole table: kshard's own peak.
+        const double max_rss = kshard::bench::largest_peak_rss_mib(MPI_COMM_WORLD);
+        report.add("peak_rss",
+                   fmt::format(R"("mib_per_rank": {:.1f}, "table_mib_per_rank": {:.1f})", max_rss,
+                               static_cast<double>(rows * cols * 4) / size / 1048576.0));
+        zero_row_baseline(report, mesh, rows, cols, options);  // allocates the whole table: last
       });
-      report.add(
-          "norms_vs_rows",
-          fmt::format(
-              R"("type": "float", "rows": {}, "cols": {}, "seconds": {:.6g}, "gbps_per_rank": {:.4g})",
-              v, cols, t, static_cast<double>(table.local().span() * 4) / t / 1e9));
-    }
-    // Before the gather baseline, which holds the whole table: kshard's own peak.
-    const double max_rss = kshard::bench::largest_peak_rss_mib(MPI_COMM_WORLD);
-    report.add("peak_rss",
-               fmt::format(R"("mib_per_rank": {:.1f}, "table_mib_per_rank": {:.1f})", max_rss,
-                           static_cast<double>(rows * cols * 4) / size / 1048576.0));
-    zero_row_baseline(report, mesh, rows, cols, options);  // allocates the whole table: last
-    report.write(options.output);
-  }
-  MPI_Finalize();
-  return 0;
 }

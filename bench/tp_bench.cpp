@@ -9,7 +9,6 @@
 #include <fmt/format.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -174,28 +173,15 @@ void run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t voc
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int status = 0;
-  {
-    Kokkos::ScopeGuard kokkos(argc, argv);
-    const auto options = kshard::bench::parse(argc, argv);
-    kshard::set_log_handler({});
-    int size = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    const kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size}, {"tp"});
-    kshard::bench::Report report("tp", mesh.comm());
-    const index_t vocab = options.quick ? 16384 : 262144;
-    const index_t hidden = options.quick ? 256 : 1024;
-    const index_t n = options.quick ? 1024 : 4096;
-    try {
-      run<float>(report, mesh, vocab, hidden, n, options, "float");
-      run<kshard::bf16>(report, mesh, vocab, hidden, n, options, "bf16");
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s\n", e.what());
-      status = 1;
-    }
-    report.write(options.output);
-  }
-  MPI_Finalize();
-  return status;
+  return kshard::bench::run_main(
+      argc, argv, "tp", [](kshard::bench::Report& report, const kshard::bench::Options& options) {
+        int size = 0;
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        const kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size}, {"tp"});
+        const index_t vocab = options.quick ? 16384 : 262144;
+        const index_t hidden = options.quick ? 256 : 1024;
+        const index_t n = options.quick ? 1024 : 4096;
+        run<float>(report, mesh, vocab, hidden, n, options, "float");
+        run<kshard::bf16>(report, mesh, vocab, hidden, n, options, "bf16");
+      });
 }
