@@ -119,6 +119,18 @@ void shard_to_replicate(kshard::bench::Report& report, const kshard::Mesh<1>& me
           fmt::format(
               R"(, "fresh_seconds": {:.6g}, "fresh_baseline_seconds": {:.6g}, "ratio_fresh": {:.4g})",
               t_fresh.seconds, t_fresh.baseline, t_fresh.ratio));  // target: ratio <= 1.10
+
+  // The same redistribute_into with the collective watchdog on (its collectives polled) against
+  // it off.
+  const auto watched_into_call = [&] {
+    kshard::set_collective_timeout(600);
+    into_call();
+    kshard::set_collective_timeout(0);
+  };
+  const auto t_watchdog = kshard::bench::time_paired(comm, reps, watched_into_call, into_call);
+  watched_into_call();
+  verify(persistent, comm, "Shard<0> -> Replicate into a persistent matrix under the watchdog");
+  report.add("watchdog", fields(rows, cols, t_watchdog, bytes));  // target: ratio <= 1.03
 }
 
 void shard0_to_shard1(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t rows,

@@ -136,6 +136,9 @@ def target_rows(records):
             add(f"vocab-parallel lookup ({t}) / (Allreduce + row copy)", r, r["ratio"], 1.25, False)
     for r in pick(records, "redistribute", "shard0_to_replicate"):
         add("redistribute Shard<0> -> Replicate / MPI_Allgatherv", r, r["ratio"], 1.10, False)
+    for bench, what in (("tp", "vocab-parallel lookup"), ("redistribute", "Shard<0> -> Replicate")):
+        for r in pick(records, bench, "watchdog"):
+            add(f"{what} with the collective watchdog on / off", r, r["ratio"], 1.03, False)
     for bench in ("gemm",):
         for r in [x for x in records if x["bench"] == bench and x["case"].startswith("gemm_")
                   and x["ranks"] == 1 and x["config"] == "serial" and x.get("ratio") is not None]:

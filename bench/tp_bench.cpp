@@ -121,14 +121,23 @@ void run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t voc
   // The headline ratio: kshard into a reused buffer, as the hand-written baseline does.
   Out plain("bench::plain", static_cast<std::size_t>(n), static_cast<std::size_t>(hidden));
   Out reused("bench::reused", static_cast<std::size_t>(n), static_cast<std::size_t>(hidden));
-  const auto t = kshard::bench::time_paired(
-      comm, reps,
-      [&] {
-        kshard::vocab_parallel_lookup(table, ids, reused, 0);
-        Kokkos::fence();
-      },
-      [&] { plain_lookup(table, ids, plain, comm); });
+  const auto lookup = [&] {
+    kshard::vocab_parallel_lookup(table, ids, reused, 0);
+    Kokkos::fence();
+  };
+  const auto t = kshard::bench::time_paired(comm, reps, lookup,
+                                            [&] { plain_lookup(table, ids, plain, comm); });
   if (!same(reused, plain)) throw std::runtime_error("tp_bench: lookup differs from the baseline");
+  // The same lookup with the collective watchdog on (its collectives polled) against it off.
+  const auto watched_lookup = [&] {
+    kshard::set_collective_timeout(600);
+    lookup();
+    kshard::set_collective_timeout(0);
+  };
+  const auto t_watchdog = kshard::bench::time_paired(comm, reps, watched_lookup, lookup);
+  watched_lookup();
+  if (!same(reused, plain))
+    throw std::runtime_error("tp_bench: lookup under the watchdog differs from the baseline");
   // The form that returns a new view also pays for fresh pages of the output on every call.
   const auto t_fresh = kshard::bench::time_paired(
       comm, reps,
@@ -147,6 +156,12 @@ void run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t voc
           R"("type": "{}", "rows": {}, "cols": {}, "ids": {}, "seconds": {:.6g}, "baseline_seconds": {:.6g}, "ratio": {:.4g}, "ratio_fresh": {:.4g}, "bytes_sent": {}, "gbps": {:.4g})",
           type, vocab, hidden, n, t.seconds, t.baseline, t.ratio, t_fresh.ratio, bytes,
           out_bytes / t.seconds / 1e9));
+
+  report.add(
+      "watchdog",
+      fmt::format(R"("type": "{}", "seconds": {:.6g}, "baseline_seconds": {:.6g}, "ratio": {:.4g})",
+                  type, t_watchdog.seconds, t_watchdog.baseline,
+                  t_watchdog.ratio));  // target: ratio <= 1.03
 
   const double max_rss = kshard::bench::largest_peak_rss_mib(comm);
   report.add(

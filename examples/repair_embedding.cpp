@@ -31,9 +31,13 @@ kshard::HostMatrix<float> synthetic(double phase) {
   return m;
 }
 
+// Squared and summed in fp64, as kshard does.
 double norm(const kshard::HostMatrix<float>& m, kshard::index_t row) {
   double sum = 0;
-  for (kshard::index_t h = 0; h < hidden; ++h) sum += static_cast<double>(m(row, h) * m(row, h));
+  for (kshard::index_t h = 0; h < hidden; ++h) {
+    const auto v = static_cast<double>(m(row, h));
+    sum += v * v;
+  }
   return std::sqrt(sum);
 }
 

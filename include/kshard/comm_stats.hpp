@@ -10,8 +10,14 @@ namespace kshard {
 
 /// What this process has sent through kshard's collectives since the last reset.
 struct CommStats {
-  std::int64_t collectives = 0;  ///< collective calls (all-reduce, all-gather, broadcast, ...)
-  std::int64_t bytes_sent = 0;   ///< payload bytes this process contributed to them
+  /// Collectives that move data (all-reduce, all-gather, broadcast, ...), not counting the
+  /// argument agreements.
+  std::int64_t collectives = 0;
+  std::int64_t bytes_sent = 0;  ///< payload bytes this process contributed to them
+  /// Argument agreements: one small fixed-size all-reduce each (more only when it fails), in
+  /// which the ranks check that they passed the same arguments. Their bytes are not in
+  /// `bytes_sent`.
+  std::int64_t agreements = 0;
   /// Bytes copied between device memory and host buffers because MPI could not take device
   /// memory directly (both directions; 0 on host memory and with GPU-aware MPI).
   std::int64_t bytes_staged = 0;

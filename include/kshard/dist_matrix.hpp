@@ -8,6 +8,8 @@
 
 #include <array>
 #include <cstddef>
+#include <exception>
+#include <limits>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -15,7 +17,9 @@
 
 #include <fmt/format.h>
 
+#include "kshard/detail/agreement.hpp"
 #include "kshard/detail/mpi.hpp"
+#include "kshard/detail/operation.hpp"
 #include "kshard/error.hpp"
 #include "kshard/layout_mapping.hpp"
 #include "kshard/mesh.hpp"
@@ -62,8 +66,10 @@ class DistMatrix {
   using view_type = Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>;  ///< the local shard
 
   /// Allocates a zero-filled local shard. Collective over the mesh: every rank throws the
-  /// same `kshard::error` for negative extents, split factors < 1, or ranks that disagree on
-  /// the global shape or the layout.
+  /// same `kshard::error` for negative extents, split factors < 1, a shard whose byte count
+  /// passes INT64_MAX, an allocation that fails on any rank, or ranks that disagree on the
+  /// element type, the global shape or the layout (placement, tensor dimension, split factor
+  /// and reduction of every mesh dimension).
   template <std::size_t M>
   DistMatrix(const Mesh<M>& mesh, const L& layout, index_t rows, index_t cols,
              const std::string& label = "kshard::DistMatrix")
@@ -102,25 +108,33 @@ class DistMatrix {
     static_assert(M == mesh_rank,
                   "kshard::DistMatrix: the layout needs one placement per mesh dimension, "
                   "but its length differs from the mesh rank");
-    detail::agree(mesh.comm(), validate(rows, cols, wrapped));
+    const detail::Operation operation("DistMatrix");
+    detail::Agreement agreement(mesh.comm());
+    detail::same_shape_and_layout<T>(agreement, rows, cols, layout_, "the matrix");
+    agreement.problem(validate(rows, cols, wrapped)).settle();
     mapping_ = map_layout(layout_.actions(), mesh_.shape(), mesh_.coords(), rows, cols);
     if (wrapped) {
       local_ = std::move(*wrapped);
-    } else {
+      return;
+    }
+    // An allocation that fails on one rank fails on all, instead of leaving the others to
+    // wait for it in their next collective.
+    std::optional<std::string> failure;
+    try {
       local_ = view_type(label, static_cast<std::size_t>(mapping_.rows.local_extent()),
                          static_cast<std::size_t>(mapping_.cols.local_extent()));
+    } catch (const std::exception& e) {
+      failure = fmt::format(
+          "kshard::DistMatrix: allocating the {} x {} shard on rank {} failed: {}",
+          mapping_.rows.local_extent(), mapping_.cols.local_extent(), mesh_.my_rank(), e.what());
     }
+    detail::agree(mesh.comm(), failure);
   }
 
+  // This rank's own checks, from its own arguments (the agreement compares them across ranks).
   std::optional<std::string> validate(index_t rows, index_t cols,
                                       const std::optional<view_type>& wrapped) const {
     const auto actions = layout_.actions();
-    std::vector<std::int64_t> global{rows, cols};
-    for (const MeshDimAction& a : actions) global.push_back(a.split_factor);
-    if (!detail::same_on_all_ranks(mesh_.comm(), global))
-      return fmt::format(
-          "kshard: DistMatrix shape or split factors differ between ranks (this rank: {} x {})",
-          rows, cols);
     if (rows < 0 || cols < 0)
       return fmt::format("kshard: DistMatrix extents must be >= 0, got {} x {}", rows, cols);
     for (std::size_t m = 0; m < mesh_rank; ++m)
@@ -129,16 +143,26 @@ class DistMatrix {
             "kshard: StridedShard on mesh dimension {} ('{}') has split factor {}; it must be "
             ">= 1",
             m, mesh_.names()[m], actions[m].split_factor);
+    const mapping_type mine = map_layout(actions, mesh_.shape(), mesh_.coords(), rows, cols);
+    const index_t local_rows = mine.rows.local_extent();
+    const index_t local_cols = mine.cols.local_extent();
+    index_t elements = 0;
+    index_t bytes = 0;
+    if (__builtin_mul_overflow(local_rows, local_cols, &elements) ||
+        __builtin_mul_overflow(elements, static_cast<index_t>(sizeof(T)), &bytes))
+      return fmt::format(
+          "kshard: the {} x {} shard of the {} x {} DistMatrix on rank {} needs {} x {} elements "
+          "of {} bytes, more than the limit of {} bytes",
+          local_rows, local_cols, rows, cols, mesh_.my_rank(), local_rows, local_cols, sizeof(T),
+          std::numeric_limits<index_t>::max());
     if (wrapped) {
-      const mapping_type mine = map_layout(actions, mesh_.shape(), mesh_.coords(), rows, cols);
       const auto got_rows = static_cast<index_t>(wrapped->extent(0));
       const auto got_cols = static_cast<index_t>(wrapped->extent(1));
-      if (got_rows != mine.rows.local_extent() || got_cols != mine.cols.local_extent())
+      if (got_rows != local_rows || got_cols != local_cols)
         return fmt::format(
             "kshard: wrapped local view on rank {} is {} x {}, but the layout gives this rank "
             "a {} x {} shard of the {} x {} matrix",
-            mesh_.my_rank(), got_rows, got_cols, mine.rows.local_extent(), mine.cols.local_extent(),
-            rows, cols);
+            mesh_.my_rank(), got_rows, got_cols, local_rows, local_cols, rows, cols);
     }
     return std::nullopt;
   }

@@ -8,10 +8,15 @@
 
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "kshard/detail/agreement.hpp"
 #include "kshard/detail/mpi.hpp"
+#include "kshard/detail/operation.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/layout_mapping.hpp"
 
@@ -46,6 +51,7 @@ template <class ExecSpace = Kokkos::DefaultExecutionSpace,
 DistMatrix<T, L, ExecSpace, MemSpace> distribute(const Mesh<M>& mesh, const L& layout,
                                                  const HostMatrix<const T>& full,
                                                  const std::string& label = "kshard::distribute") {
+  const detail::Operation operation("distribute");
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, static_cast<index_t>(full.extent(0)),
                                                static_cast<index_t>(full.extent(1)), label);
   bool holds_value = true;  // false on the addends that must be zero for a Partial sum
@@ -65,13 +71,27 @@ DistMatrix<T, L, ExecSpace, MemSpace> distribute(const Mesh<M>& mesh, const L& l
 
 /// Every rank receives the whole matrix (one all-gather over the mesh). Only one replica of
 /// each block is sent. Rejects Partial layouts at compile time: their values are pending a
-/// reduction.
+/// reduction. Collective: the ranks first agree that they pass the same matrix (element type,
+/// shape, layout); that, and a whole matrix whose byte count passes INT64_MAX or a message
+/// longer than INT_MAX elements, is the same `kshard::error` on every rank.
 template <class T, class L, class E, class S>
 HostMatrix<T> gather(const DistMatrix<T, L, E, S>& matrix) {
   static_assert(!L::has_partial,
                 "kshard::gather: a Partial matrix has no values until it is reduced; "
                 "redistribute it to Replicate or Shard first");
+  const detail::Operation operation("gather");
   const auto& mesh = matrix.mesh();
+  detail::Agreement agreement(mesh.comm());
+  detail::same_matrix(agreement, matrix, "the matrix");
+  index_t elements = 0;
+  index_t bytes = 0;
+  if (__builtin_mul_overflow(matrix.rows(), matrix.cols(), &elements) ||
+      __builtin_mul_overflow(elements, static_cast<index_t>(sizeof(T)), &bytes))
+    agreement.problem(fmt::format(
+        "kshard::gather: the whole {} x {} matrix of {}-byte elements needs more than the limit "
+        "of {} bytes on every rank",
+        matrix.rows(), matrix.cols(), sizeof(T), std::numeric_limits<index_t>::max()));
+  agreement.settle();
   const int size = mesh.size();
   std::vector<int> counts(size);
   std::vector<int> displs(size);

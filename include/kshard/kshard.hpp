@@ -23,3 +23,4 @@
 #include "kshard/repair.hpp"
 #include "kshard/rowwise.hpp"
 #include "kshard/tensor_parallel.hpp"
+#include "kshard/watchdog.hpp"

@@ -17,7 +17,10 @@ namespace kshard {
 
 /// The map of one tensor axis for one mesh coordinate: the composition of the splits of
 /// every mesh dimension that shards the axis, outermost first. Trivially copyable, no
-/// allocation; every query is O(number of splits).
+/// allocation; every query is O(number of splits), and exact for every extent in
+/// [0, INT64_MAX], split factor in [1, INT64_MAX] and rank count in [1, INT_MAX]: an index is
+/// range-checked before it reaches a split, and each split maps an index in its range to one
+/// in the next range (see `detail::SplitLevel`), so no intermediate leaves [0, extent].
 template <std::size_t MaxSplits>
 class AxisMap {
  public:
@@ -41,7 +44,7 @@ class AxisMap {
   /// Number of mesh dimensions that split this axis.
   [[nodiscard]] KSHARD_FUNCTION std::size_t num_splits() const { return num_splits_; }
 
-  /// Global index of local index `local`, or `invalid_index` when out of range.
+  /// Global index of local index `local` (any value), or `invalid_index` when out of range.
   [[nodiscard]] KSHARD_FUNCTION index_t to_global(index_t local) const {
     if (local < 0 || local >= local_extent_) return invalid_index;
     for (std::size_t j = num_splits_; j-- > 0;) local = splits_[j].to_parent(local);
@@ -62,8 +65,10 @@ class AxisMap {
     return to_local(global) != invalid_index;
   }
 
-  /// Number of local indices from `local` (in range) on whose global indices are consecutive.
+  /// Number of local indices from `local` on whose global indices are consecutive; 0 when
+  /// `local` is out of range (checked first, so `local_extent_ - local` cannot overflow).
   [[nodiscard]] KSHARD_FUNCTION index_t run_length(index_t local) const {
+    if (local < 0 || local >= local_extent_) return 0;
     index_t length = local_extent_ - local;
     for (std::size_t j = num_splits_; j-- > 0;) {
       const index_t here = splits_[j].run_remaining(local);
@@ -110,9 +115,12 @@ struct LayoutMapping {
 
   /// The map of tensor dimension `d` (0 = rows, 1 = columns).
   [[nodiscard]] KSHARD_FUNCTION const AxisMap<N>& axis(int d) const { return d == 0 ? rows : cols; }
-  /// Number of local elements.
+  /// Number of local elements, saturated at INT64_MAX: two extents up to INT64_MAX can have
+  /// a product no index_t holds, and no shard that large can exist (or fit one MPI message).
   [[nodiscard]] KSHARD_FUNCTION index_t local_size() const {
-    return rows.local_extent() * cols.local_extent();
+    const index_t r = rows.local_extent();
+    const index_t c = cols.local_extent();
+    return r != 0 && c > INT64_MAX / r ? INT64_MAX : r * c;  // c <= max / r: r * c <= max
   }
 };
 

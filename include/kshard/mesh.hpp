@@ -6,6 +6,8 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,7 +17,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (moved here in fmt 11)
 
+#include "kshard/detail/agreement.hpp"
 #include "kshard/detail/mpi.hpp"
+#include "kshard/detail/operation.hpp"
 #include "kshard/error.hpp"
 
 namespace kshard {
@@ -30,20 +34,30 @@ class Mesh {
  public:
   /// Builds the mesh collectively over `comm` (which is duplicated). Every rank throws the
   /// same `kshard::error` when the shape's product is not the communicator size, an extent
-  /// is < 1, names repeat, or the ranks disagree on the shape.
+  /// is < 1, names repeat, or the ranks disagree on the mesh rank `N`, the shape or the names.
+  /// A rank given `MPI_COMM_NULL` throws at once, without communicating (it is in no
+  /// communicator to tell the others through).
   Mesh(MPI_Comm comm, const std::array<int, N>& shape, const std::array<std::string, N>& names)
       : state_(std::make_shared<State>()) {
+    const detail::Operation operation("Mesh");
+    if (comm == MPI_COMM_NULL)
+      throw error(
+          "kshard::Mesh: the communicator is MPI_COMM_NULL on this rank (a rank outside the "
+          "group of an MPI_Comm_split or MPI_Comm_create); build the mesh only on the ranks of "
+          "the communicator");
     State& s = *state_;
     s.shape = shape;
     s.names = names;
-    s.size = detail::comm_size(comm);
-    s.rank = detail::comm_rank(comm);
-    detail::agree(comm, validate(comm, shape, names, s.size));
+    // Duplicate first (collective whatever the arguments): the checks then run on kshard's own
+    // communicator, whose MPI errors come back as codes that check_mpi turns into
+    // kshard::error, instead of aborting through the caller's error handler.
     s.comm = detail::Communicator::duplicate(comm);
-    // MPI errors on kshard's communicators come back as codes, which check_mpi turns into
-    // kshard::error with MPI's own message, instead of aborting inside the library.
     detail::check_mpi(MPI_Comm_set_errhandler(s.comm.get(), MPI_ERRORS_RETURN),
                       "MPI_Comm_set_errhandler");
+    s.size = detail::comm_size(s.comm.get());
+    s.rank = detail::comm_rank(s.comm.get());
+    agree_on_shape(s.comm.get(), shape, names, s.size);
+    s.comm.set_name("the whole mesh");
     s.coords = coords_of(s.rank);
     for (std::size_t m = 0; m < N; ++m) {
       // Ranks that differ only in coordinate m share a colour: the linear index of the others.
@@ -53,6 +67,7 @@ class Mesh {
       MPI_Comm sub = MPI_COMM_NULL;
       detail::check_mpi(MPI_Comm_split(s.comm.get(), colour, s.coords[m], &sub), "MPI_Comm_split");
       s.dim_comms[m] = detail::Communicator::adopt(sub);
+      s.dim_comms[m].set_name(fmt::format("mesh dimension {} ('{}')", m, names[m]));
     }
   }
 
@@ -123,21 +138,41 @@ class Mesh {
     return names;
   }
 
-  static std::optional<std::string> validate(MPI_Comm comm, const std::array<int, N>& shape,
-                                             const std::array<std::string, N>& names, int size) {
-    std::vector<std::int64_t> global(shape.begin(), shape.end());
-    if (!detail::same_on_all_ranks(comm, global))
-      return fmt::format("kshard: mesh shape ({}) differs between ranks", fmt::join(shape, ", "));
+  // One agreement: the mesh rank first (a Mesh<1> on one rank and a Mesh<2> on another meet
+  // in the same fixed-size collective), then names and shape, then each rank's own checks.
+  static void agree_on_shape(MPI_Comm comm, const std::array<int, N>& shape,
+                             const std::array<std::string, N>& names, int size) {
+    detail::Agreement agreement(comm);
+    agreement.same("the mesh rank (number of dimensions)", static_cast<std::int64_t>(N));
+    detail::Digest digest;
+    for (const std::string& name : names) digest.add(name);
+    const std::int64_t mine = digest.value();
+    agreement.same("the mesh dimension names", mine, [&](std::int64_t v) {
+      return v == mine ? fmt::format("({})", fmt::join(names, ", ")) : std::string("other names");
+    });
+    for (std::size_t m = 0; m < N; ++m)
+      agreement.same(fmt::format("the extent of mesh dimension {}", m), shape[m]);
+    agreement.problem(shape_problem(shape, names, size));
+    agreement.settle();
+  }
+
+  static std::optional<std::string> shape_problem(const std::array<int, N>& shape,
+                                                  const std::array<std::string, N>& names,
+                                                  int size) {
     std::int64_t product = 1;
+    bool overflow = false;
     for (std::size_t m = 0; m < N; ++m) {
       if (shape[m] < 1)
         return fmt::format("kshard: mesh dimension {} ('{}') has extent {}; it must be >= 1", m,
                            names[m], shape[m]);
-      product *= shape[m];
+      overflow = overflow || __builtin_mul_overflow(product, std::int64_t{shape[m]}, &product);
       for (std::size_t j = 0; j < m; ++j)
         if (names[j] == names[m])
           return fmt::format("kshard: mesh dimension name '{}' is used twice", names[m]);
     }
+    if (overflow)
+      return fmt::format("kshard: mesh shape ({}) holds more than {} ranks", fmt::join(shape, ", "),
+                         std::numeric_limits<std::int64_t>::max());
     if (product != size)
       return fmt::format("kshard: mesh shape ({}) holds {} ranks but the communicator has {}",
                          fmt::join(shape, ", "), product, size);

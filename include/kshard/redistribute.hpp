@@ -22,7 +22,9 @@
 #include <fmt/format.h>
 
 #include "kshard/comm_stats.hpp"
+#include "kshard/detail/agreement.hpp"
 #include "kshard/detail/mpi.hpp"
+#include "kshard/detail/operation.hpp"
 #include "kshard/detail/redistribute_kernels.hpp"
 #include "kshard/detail/redistribute_plan.hpp"
 #include "kshard/dist_matrix.hpp"
@@ -80,38 +82,26 @@ constexpr void check_redistribute_types() {
                 "can reduce (float, double, int32_t, int64_t)");
 }
 
-// redistribute's agreement on its arguments is metadata, not the data it moves: its bytes are
-// left out of comm_stats().bytes_sent (the collectives are still counted), so the counter
-// shows exactly what the transition itself sends.
-class UncountedBytes {
- public:
-  UncountedBytes() : saved_(comm_stats().bytes_sent) {}
-  ~UncountedBytes() { comm_stats().bytes_sent = saved_; }
-  UncountedBytes(const UncountedBytes&) = delete;
-  UncountedBytes& operator=(const UncountedBytes&) = delete;
-
- private:
-  std::int64_t saved_;
-};
-
-// Collective check of a target layout (call through agree): ranks agree on it and its split
-// factors are >= 1.
-template <std::size_t N>
-std::optional<std::string> check_target_layout(MPI_Comm comm,
-                                               const std::array<MeshDimAction, N>& actions,
-                                               const std::array<std::string, N>& names) {
-  std::vector<std::int64_t> factors;
-  for (const MeshDimAction& a : actions) factors.push_back(a.split_factor);
-  if (!same_on_all_ranks(comm, factors))
-    return std::string(
-        "kshard::redistribute: the target layout's split factors differ between ranks");
-  for (std::size_t m = 0; m < N; ++m)
+// The agreement every redistribution starts with: the matrix, the target mesh's rank and shape
+// and the target layout must be the same on every rank; the target's split factors >= 1.
+template <class M, class LT, std::size_t NT>
+Agreement redistribute_agreement(const M& matrix, const Mesh<NT>& target_mesh,
+                                 const LT& target_layout) {
+  Agreement agreement(matrix.mesh().comm());
+  same_matrix(agreement, matrix, "the matrix");
+  agreement.same("the target mesh rank", static_cast<std::int64_t>(NT));
+  for (std::size_t m = 0; m < NT; ++m)
+    agreement.same(fmt::format("the extent of target mesh dimension {}", m),
+                   target_mesh.shape()[m]);
+  same_layout(agreement, target_layout, "the target");
+  const auto actions = target_layout.actions();
+  for (std::size_t m = 0; m < NT; ++m)
     if (actions[m].split_factor < 1)
-      return fmt::format(
+      agreement.problem(fmt::format(
           "kshard::redistribute: target StridedShard on mesh dimension {} ('{}') has split "
           "factor {}; it must be >= 1",
-          m, names[m], actions[m].split_factor);
-  return std::nullopt;
+          m, target_mesh.names()[m], actions[m].split_factor));
+  return agreement;
 }
 
 // out = the elements of `in` (this rank's shard under `mine`) that the shard under `need` also
@@ -446,19 +436,14 @@ template <class LT, class T, class L, class E, class S>
 [[nodiscard]] DistMatrix<T, LT, E, S> redistribute(const DistMatrix<T, L, E, S>& matrix,
                                                    const LT& target_layout) {
   detail::check_redistribute_types<T, L, LT, L::rank>();
+  const detail::Operation operation("redistribute");
   const auto& mesh = matrix.mesh();
-  std::optional<detail::SameMeshMove<L::rank>> move;
-  std::optional<DistMatrix<T, LT, E, S>> result;
-  {
-    detail::UncountedBytes metadata;
-    detail::agree(mesh.comm(),
-                  detail::check_target_layout(mesh.comm(), target_layout.actions(), mesh.names()));
-    move.emplace(matrix, target_layout);
-    result.emplace(
-        detail::uninitialized_matrix<T, E, S>(mesh, target_layout, matrix.rows(), matrix.cols()));
-  }
-  move->template run<E>(mesh, matrix.local(), result->local());
-  return std::move(*result);
+  detail::redistribute_agreement(matrix, mesh, target_layout).settle();
+  const detail::SameMeshMove<L::rank> move(matrix, target_layout);
+  auto result =
+      detail::uninitialized_matrix<T, E, S>(mesh, target_layout, matrix.rows(), matrix.cols());
+  move.template run<E>(mesh, matrix.local(), result.local());
+  return result;
 }
 
 /// The same matrix on `target_mesh` in `target_layout` (checkpoint resharding: another mesh
@@ -473,20 +458,16 @@ template <class LT, class T, class L, class E, class S, std::size_t NT>
                                                    const Mesh<NT>& target_mesh,
                                                    const LT& target_layout) {
   detail::check_redistribute_types<T, L, LT, NT>();
+  const detail::Operation operation("redistribute");
   const auto& mesh = matrix.mesh();
-  std::optional<detail::CrossMeshMove<L::rank, NT>> move;
-  std::optional<DistMatrix<T, LT, E, S>> result;
-  {
-    detail::UncountedBytes metadata;
-    detail::agree(mesh.comm(), detail::check_same_communicator(mesh, target_mesh, "mesh"));
-    detail::agree(mesh.comm(), detail::check_target_layout(mesh.comm(), target_layout.actions(),
-                                                           target_mesh.names()));
-    move.emplace(matrix, target_mesh, target_layout);
-    result.emplace(detail::uninitialized_matrix<T, E, S>(target_mesh, target_layout, matrix.rows(),
-                                                         matrix.cols()));
-  }
-  move->template run<E>(mesh, target_mesh, matrix.local(), result->local());
-  return std::move(*result);
+  detail::redistribute_agreement(matrix, target_mesh, target_layout)
+      .problem(detail::check_same_communicator(mesh, target_mesh, "mesh"))
+      .settle();
+  const detail::CrossMeshMove<L::rank, NT> move(matrix, target_mesh, target_layout);
+  auto result = detail::uninitialized_matrix<T, E, S>(target_mesh, target_layout, matrix.rows(),
+                                                      matrix.cols());
+  move.template run<E>(mesh, target_mesh, matrix.local(), result.local());
+  return result;
 }
 
 /// Redistributes `matrix` into `target`, an existing matrix of the same global shape whose
@@ -504,6 +485,7 @@ void redistribute_into(const DistMatrix<T, L, E, S>& matrix,
   constexpr std::size_t N = L::rank;
   constexpr std::size_t NT = LT::rank;
   detail::check_redistribute_types<T, L, LT, NT>();
+  const detail::Operation operation("redistribute_into");
   const auto& mesh = matrix.mesh();
   const auto& target_mesh = target.mesh();
   bool same_mesh = false;
@@ -511,7 +493,6 @@ void redistribute_into(const DistMatrix<T, L, E, S>& matrix,
   std::optional<detail::SameMeshMove<N>> on_mesh;
   std::optional<detail::CrossMeshMove<N, NT>> across;
   {
-    detail::UncountedBytes metadata;
     std::optional<std::string> problem;
     const T* in = matrix.local().data();
     const T* out = target.local().data();
@@ -527,7 +508,9 @@ void redistribute_into(const DistMatrix<T, L, E, S>& matrix,
           mesh.my_rank());
     else
       problem = detail::check_same_communicator(mesh, target_mesh, "matrix's mesh");
-    detail::agree(mesh.comm(), problem);
+    auto agreement = detail::redistribute_agreement(matrix, target_mesh, target.layout());
+    detail::same_matrix(agreement, target, "the target");
+    agreement.problem(problem).settle();
     if constexpr (N == NT) {
       if (same_mesh) on_mesh.emplace(matrix, target.layout());
     }

@@ -36,7 +36,8 @@ enum class RepairStrategy {
 };
 
 /// When and how to repair. Validated at construction: `min_norm` finite and >= 0, `max_rows`
-/// > 0; anything else throws `kshard::error`.
+/// > 0; anything else throws `kshard::error`. Every rank must pass the same config (agreed on by
+/// `repair_embedding_rows`, kept rows included).
 class RepairConfig {
  public:
   /// enabled, min_norm = 1e-6, max_rows = 256, output_direction.
@@ -62,11 +63,25 @@ class RepairConfig {
   /// Where repaired rows take their direction from.
   [[nodiscard]] RepairStrategy strategy() const { return strategy_; }
 
+  /// The same config, leaving rows `ids` alone: never repaired, and left out of the detection,
+  /// of `max_rows` and of the healthy-row statistics. For the padding id(s), zeroed on purpose
+  /// (`zero_row(table, padding_id)` first, then repair with `.keep_rows({padding_id})`). Ids
+  /// count from the end when negative, as in `zero_row`; `repair_embedding_rows` refuses ids
+  /// outside [-V, V).
+  [[nodiscard]] RepairConfig keep_rows(std::vector<index_t> ids) const {
+    RepairConfig config = *this;
+    config.kept_rows_ = std::move(ids);
+    return config;
+  }
+  /// The rows to leave alone, as given.
+  [[nodiscard]] const std::vector<index_t>& kept_rows() const { return kept_rows_; }
+
  private:
   bool enabled_ = true;
   double min_norm_ = 1e-6;
   index_t max_rows_ = 256;
   RepairStrategy strategy_ = RepairStrategy::output_direction;
+  std::vector<index_t> kept_rows_;
 };
 
 /// Names the embeddings carry in reports and errors.
@@ -82,6 +97,7 @@ struct RepairReport {
   std::vector<index_t> repaired_row_ids;   ///< sorted unique global row ids that were rewritten
   double min_norm_before = 0;  ///< smallest input row norm before (NaN rows ignored; +inf if none)
   std::optional<double> target_norm;  ///< norm of the repaired rows, when any were repaired
+  std::vector<index_t> kept_row_ids;  ///< sorted unique row ids left alone (`keep_rows`)
 };
 
 }  // namespace kshard
@@ -93,16 +109,21 @@ template <>
 struct fmt::formatter<kshard::RepairReport> : kshard::detail::plain_formatter {
   template <class Ctx>
   auto format(const kshard::RepairReport& r, Ctx& ctx) const {
+    auto out = ctx.out();
     if (r.repaired_row_ids.empty())
-      return fmt::format_to(ctx.out(), "{}: no damaged rows (min norm {:g})", r.input_name,
-                            r.min_norm_before);
-    return fmt::format_to(ctx.out(),
-                          "{}: repaired {} row(s) [{}] with {} directions; min norm before {:g}, "
-                          "target norm {:g}",
-                          r.input_name, r.repaired_row_ids.size(),
-                          fmt::join(r.repaired_row_ids, ", "),
-                          r.output_name ? *r.output_name : std::string("mean healthy-row"),
-                          r.min_norm_before, r.target_norm ? *r.target_norm : 0.0);
+      out = fmt::format_to(out, "{}: no damaged rows (min norm {:g})", r.input_name,
+                           r.min_norm_before);
+    else
+      out = fmt::format_to(out,
+                           "{}: repaired {} row(s) [{}] with {} directions; min norm before {:g}, "
+                           "target norm {:g}",
+                           r.input_name, r.repaired_row_ids.size(),
+                           fmt::join(r.repaired_row_ids, ", "),
+                           r.output_name ? *r.output_name : std::string("mean healthy-row"),
+                           r.min_norm_before, r.target_norm ? *r.target_norm : 0.0);
+    if (!r.kept_row_ids.empty())
+      out = fmt::format_to(out, "; kept row(s) [{}] as they were", fmt::join(r.kept_row_ids, ", "));
+    return out;
   }
 };
 /// @endcond
@@ -170,43 +191,77 @@ inline bool is_damaged(double norm, double min_norm) {
 }
 
 template <class In, class Out>
-std::optional<std::string> check_repair_inputs(const In& input, const Out* output,
-                                               const RepairConfig& config,
-                                               const RepairNames& names) {
-  const std::vector<std::int64_t> global{
-      config.enabled(), std::bit_cast<std::int64_t>(config.min_norm()), config.max_rows(),
-      static_cast<std::int64_t>(config.strategy()), output != nullptr};
-  if (!same_on_all_ranks(input.mesh().comm(), global))
-    return std::string(
-        "kshard::repair_embedding_rows: the RepairConfig (or whether an output "
-        "embedding is given) differs between ranks");
-  if (output == nullptr) {
-    if (config.strategy() == RepairStrategy::output_direction)
-      return fmt::format(
-          "kshard::repair_embedding_rows: the output_direction strategy needs an output "
-          "embedding for '{}'; use RepairStrategy::mean_direction when it is tied or missing",
-          names.input);
-    return std::nullopt;
-  }
-  if (output->rows() != input.rows() || output->cols() != input.cols())
+std::optional<std::string> output_problem(const In& input, const Out& output,
+                                          const RepairNames& names) {
+  if (output.rows() != input.rows() || output.cols() != input.cols())
     return fmt::format(
         "kshard::repair_embedding_rows: output embedding '{}' is {} x {} but input embedding "
         "'{}' is {} x {}; nothing was changed",
-        names.output, output->rows(), output->cols(), names.input, input.rows(), input.cols());
-  if (input.mesh().shape() != output->mesh().shape() ||
-      !congruent(input.mesh().comm(), output->mesh().comm()))
+        names.output, output.rows(), output.cols(), names.input, input.rows(), input.cols());
+  if (input.mesh().shape() != output.mesh().shape() ||
+      !congruent(input.mesh().comm(), output.mesh().comm()))
     return fmt::format(
         "kshard::repair_embedding_rows: '{}' is on {} and '{}' on {}, not the same mesh",
-        names.input, input.mesh(), names.output, output->mesh());
+        names.input, input.mesh(), names.output, output.mesh());
   bool same_layout = false;
   if constexpr (std::is_same_v<typename In::layout_type, typename Out::layout_type>)
-    same_layout = input.layout() == output->layout();
+    same_layout = input.layout() == output.layout();
   if (!same_layout)
     return fmt::format(
         "kshard::repair_embedding_rows: layouts differ: '{}' is {} but '{}' is {}; rows must "
         "be placed alike",
-        names.input, input.layout(), names.output, output->layout());
+        names.input, input.layout(), names.output, output.layout());
   return std::nullopt;
+}
+
+// The kept row ids, wrapped and sorted unique; an id outside [-rows, rows) is a problem.
+inline std::optional<std::string> kept_rows_problem(const std::vector<index_t>& given, index_t rows,
+                                                    std::vector<index_t>& kept) {
+  for (const index_t id : given) {
+    const index_t wrapped = id < 0 ? id + rows : id;
+    if (wrapped < 0 || wrapped >= rows)
+      return fmt::format(
+          "kshard::repair_embedding_rows: kept row {} is out of range for a matrix of {} rows "
+          "(valid: -{} to {})",
+          id, rows, rows, rows - 1);
+    kept.push_back(wrapped);
+  }
+  std::sort(kept.begin(), kept.end());
+  kept.erase(std::unique(kept.begin(), kept.end()), kept.end());
+  return std::nullopt;
+}
+
+// The agreement of every rank on the config, the matrices and the output's presence, with each
+// rank's own checks of them; returns the kept row ids.
+template <class In, class Out>
+std::vector<index_t> agree_on_repair(const In& input, const Out* output, const RepairConfig& config,
+                                     const RepairNames& names) {
+  Agreement agreement(input.mesh().comm());
+  agreement.same("RepairConfig::enabled()", config.enabled())
+      .same("RepairConfig::min_norm()", std::bit_cast<std::int64_t>(config.min_norm()),
+            [](std::int64_t bits) { return fmt::format("{}", std::bit_cast<double>(bits)); })
+      .same("RepairConfig::max_rows()", config.max_rows())
+      .same("RepairConfig::strategy()", static_cast<std::int64_t>(config.strategy()))
+      .same("the number of kept rows", static_cast<std::int64_t>(config.kept_rows().size()));
+  Digest kept_digest;
+  for (const index_t id : config.kept_rows()) kept_digest.add(id);
+  agreement.same("the list of kept row ids", kept_digest.value(), [&](std::int64_t v) {
+    return v == kept_digest.value() ? fmt::format("[{}]", fmt::join(config.kept_rows(), ", "))
+                                    : std::string("other ids");
+  });
+  agreement.same("whether an output embedding is given", output != nullptr);
+  same_matrix(agreement, input, fmt::format("'{}'", names.input));
+  if (output != nullptr) same_matrix(agreement, *output, fmt::format("'{}'", names.output));
+  std::vector<index_t> kept;
+  agreement.problem(kept_rows_problem(config.kept_rows(), input.rows(), kept));
+  if (output == nullptr && config.strategy() == RepairStrategy::output_direction)
+    agreement.problem(fmt::format(
+        "kshard::repair_embedding_rows: the output_direction strategy needs an output "
+        "embedding for '{}'; use RepairStrategy::mean_direction when it is tied or missing",
+        names.input));
+  if (output != nullptr) agreement.problem(output_problem(input, *output, names));
+  agreement.settle();
+  return kept;
 }
 
 // The mean of the healthy rows (`healthy`: one flag per local row, `count` of them over the
@@ -268,10 +323,11 @@ std::optional<RepairReport> repair_rows(const In& input, const Out* output,
   using L = typename In::layout_type;
   using ExecSpace = typename In::execution_space;
   using MemSpace = typename In::memory_space;
-  if (!config.enabled()) return std::nullopt;
+  const Operation operation("repair_embedding_rows");
   const auto& mesh = input.mesh();
   const MPI_Comm comm = mesh.comm();
-  agree(comm, check_repair_inputs(input, output, config, names));
+  const std::vector<index_t> kept = agree_on_repair(input, output, config, names);
+  if (!config.enabled()) return std::nullopt;  // after the agreement: every rank returns here
 
   // The one full pass over the input: full-row norms of the local rows.
   const auto norms = row_squared_norms(input);
@@ -286,6 +342,8 @@ std::optional<RepairReport> repair_rows(const In& input, const Out* output,
   double sums[4] = {0, 0, 0, 0};
   double smallest = std::numeric_limits<double>::infinity();
   for (std::size_t i = 0; i < host_norms.extent(0); ++i) {
+    if (std::binary_search(kept.begin(), kept.end(), rows.to_global(static_cast<index_t>(i))))
+      continue;  // left alone: not damaged, not healthy (healthy(i) stays false)
     const double norm = std::sqrt(host_norms(i));
     if (!std::isnan(norm)) smallest = std::min(smallest, norm);
     healthy(i) = !is_damaged(norm, min_norm);
@@ -305,7 +363,7 @@ std::optional<RepairReport> repair_rows(const In& input, const Out* output,
   allreduce(sums, 4, MPI_SUM, comm);
   allreduce(&smallest, 1, MPI_MIN, comm);
 
-  RepairReport report{names.input, std::nullopt, {}, smallest, std::nullopt};
+  RepairReport report{names.input, std::nullopt, {}, smallest, std::nullopt, kept};
   const auto damaged = static_cast<index_t>(sums[0]);
   if (damaged == 0) return report;
   if (damaged > config.max_rows())
@@ -418,9 +476,12 @@ std::optional<RepairReport> repair_rows(const In& input, const Out* output,
 /// Repairs the damaged rows of `input` (norm non-finite or <= min_norm) with the direction of
 /// the same rows of `output` (the LM head), scaled to the RMS norm of the healthy input rows;
 /// or, with `RepairStrategy::mean_direction`, with the mean direction of the healthy input
-/// rows. Collective over the mesh. Returns no report when the config is disabled. Refusals
-/// (too many damaged rows, shapes, layouts or meshes that differ, tied storage, damaged output
-/// rows, no valid target norm) throw the same `kshard::error` on every rank and change nothing.
+/// rows. Rows kept with `RepairConfig::keep_rows` (the padding id) are left alone. Collective
+/// over the mesh: every rank must call it, with the same config (a disabled one too: it returns
+/// no report after the agreement). Refusals (a config, kept ids, element type, shape or layout
+/// that differs between ranks, too many damaged rows, kept ids out of range, shapes, layouts or
+/// meshes of input and output that differ, tied storage, damaged output rows, no valid target
+/// norm) throw the same `kshard::error` on every rank and change nothing.
 template <ValuedMatrix In, ValuedMatrix Out>
 std::optional<RepairReport> repair_embedding_rows(const In& input, const Out& output,
                                                   const RepairConfig& config = {},

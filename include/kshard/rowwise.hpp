@@ -38,10 +38,12 @@ KOKKOS_INLINE_FUNCTION double widen(T x) {
   return static_cast<double>(static_cast<compute_type_t<T>>(x));
 }
 
+// Squared in fp64: a finite fp32 entry above 2^64 (about 1.8e19) would square to infinity in
+// fp32 and make a healthy row look non-finite.
 template <class T>
 KOKKOS_INLINE_FUNCTION double squared(T x) {
-  const auto v = static_cast<compute_type_t<T>>(x);
-  return static_cast<double>(v * v);
+  const double v = widen(x);
+  return v * v;
 }
 
 // Host execution spaces get a loop with eight independent accumulators per row (the latency
@@ -125,9 +127,9 @@ bool zero_row(const M& matrix, index_t row) {
   return true;
 }
 
-/// Full-row squared L2 norms of the local rows, in local row order: elements are squared in
-/// `compute_type_t<T>` (fp32 for float and bf16) and summed in fp64, then summed over the
-/// mesh dimensions that split columns (only those). One pass over the local shard.
+/// Full-row squared L2 norms of the local rows, in local row order: elements are widened to
+/// fp64, squared and summed in fp64 (no finite row of float or bf16 overflows), then summed
+/// over the mesh dimensions that split columns (only those). One pass over the local shard.
 /// Collective over the mesh (every rank calls it).
 template <ValuedMatrix M>
 Kokkos::View<double*, typename M::memory_space> row_squared_norms(const M& matrix) {

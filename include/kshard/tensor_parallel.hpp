@@ -26,6 +26,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -38,8 +39,10 @@
 #include <fmt/format.h>
 
 #include "kshard/bfloat16.hpp"
+#include "kshard/detail/agreement.hpp"
 #include "kshard/detail/gemm.hpp"
 #include "kshard/detail/mpi.hpp"
+#include "kshard/detail/operation.hpp"
 #include "kshard/detail/staging.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
@@ -139,25 +142,86 @@ std::string shape_of(const V& v) {
   return fmt::format("{} x {}", v.extent(0), v.extent(1));
 }
 
-// Out-of-range ids, found with one min/max reduction on `ExecSpace`.
+// The ids of a lookup in two numbers for the range check and one for the agreement.
+struct IdSummary {
+  index_t min = 0;
+  index_t max = -1;
+  std::int64_t digest = 0;  // equal lists give equal digests; different ones almost never do
+};
+
+// The splitmix64 finaliser of (id, position): summed over the positions, a digest of the whole
+// list that does not depend on the order in which the reduction adds it up.
+KOKKOS_INLINE_FUNCTION std::uint64_t mix_id(std::uint64_t id, std::uint64_t position) {
+  std::uint64_t z = id + 0x9e3779b97f4a7c15ull * (position + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Range and digest of `ids`: two reductions over the N ids on `ExecSpace`.
 template <class ExecSpace, class IdView>
-std::optional<std::string> check_ids(const IdView& ids, index_t vocab, const char* who) {
+IdSummary summarize_ids(const IdView& ids) {
   const auto n = static_cast<index_t>(ids.extent(0));
-  if (n == 0) return std::nullopt;
+  IdSummary summary;
+  if (n == 0) return summary;
+  const Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>> all(0, n);
   Kokkos::MinMaxScalar<index_t> range{};
   Kokkos::parallel_reduce(
-      "kshard::check_ids", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(0, n),
+      "kshard::id_range", all,
       KOKKOS_LAMBDA(const index_t i, Kokkos::MinMaxScalar<index_t>& r) {
         const auto id = static_cast<index_t>(ids(i));
         if (id < r.min_val) r.min_val = id;
         if (id > r.max_val) r.max_val = id;
       },
       Kokkos::MinMax<index_t>(range));
-  if (range.min_val >= 0 && range.max_val < vocab) return std::nullopt;
+  std::uint64_t digest = 0;
+  Kokkos::parallel_reduce(
+      "kshard::id_digest", all,
+      KOKKOS_LAMBDA(const index_t i, std::uint64_t& sum) {
+        sum += mix_id(static_cast<std::uint64_t>(ids(i)), static_cast<std::uint64_t>(i));
+      },
+      digest);
+  return {range.min_val, range.max_val, std::bit_cast<std::int64_t>(digest)};
+}
+
+// An id outside [0, vocab), named.
+inline std::optional<std::string> ids_problem(const IdSummary& ids, index_t vocab,
+                                              const char* who) {
+  if (ids.max < ids.min || (ids.min >= 0 && ids.max < vocab)) return std::nullopt;
   return fmt::format(
       "kshard::{}: token id {} is out of range for a vocabulary of {} rows (valid: 0 <= id < "
       "{}); nothing was written",
-      who, range.min_val < 0 ? range.min_val : range.max_val, vocab, vocab);
+      who, ids.min < 0 ? ids.min : ids.max, vocab, vocab);
+}
+
+// The one mesh dimension that splits a tensor-parallel layout (tp_layout_v): the tp groups are
+// the ranks along it.
+template <class L>
+constexpr std::size_t splitting_dim() {
+  for (std::size_t m = 0; m < L::rank; ++m)
+    if (L::tensor_dims[m] >= 0) return m;
+  return 0;
+}
+
+// What the ranks of one tp group must share (`fill` adds it to an Agreement), compared within
+// the group. The outcome is the same on every rank of the group and becomes a problem of the
+// mesh-wide agreement that follows, so a difference inside one group stops every rank.
+template <std::size_t N, class Fill>
+std::optional<std::string> agree_in_tp_group(const Mesh<N>& mesh, std::size_t split, Fill&& fill) {
+  if (mesh.extent(split) == 1) return std::nullopt;
+  Agreement group(mesh.dim_comm(split), "the ranks of a tp group");
+  fill(group);
+  return group.outcome();
+}
+
+// The mesh-wide agreement of a tensor-parallel call on `matrix` (its element type, shape and
+// layout) and `tp_dim`, with this rank's problems.
+template <class M>
+Agreement tp_agreement(const M& matrix, std::string_view role, std::size_t tp_dim) {
+  Agreement agreement(matrix.mesh().comm());
+  same_matrix(agreement, matrix, role);
+  agreement.same("tp_dim", static_cast<std::int64_t>(tp_dim));
+  return agreement;
 }
 
 // values(i, j) += bias(j).
@@ -246,6 +310,11 @@ tp_matrix_view_t<W> row_forward(const W& weight, const X& x_local, const B* bias
   check_linear_types<W, X, B>();
   using ExecSpace = typename W::execution_space;
   const char* who = "row_parallel_linear";
+  const Operation operation(who);
+  const auto group =
+      agree_in_tp_group(weight.mesh(), splitting_dim<typename W::layout_type>(), [&](Agreement& a) {
+        a.same("the number of rows of x_local (tokens)", static_cast<index_t>(x_local.extent(0)));
+      });
   const auto in_local = weight.mapping().cols.local_extent();
   std::optional<std::string> problem;
   if (static_cast<index_t>(x_local.extent(1)) != in_local)
@@ -260,7 +329,11 @@ tp_matrix_view_t<W> row_forward(const W& weight, const X& x_local, const B* bias
         "output feature ({})",
         who, bias->extent(0), weight.rows(), weight.cols(), weight.rows());
   if (!problem) problem = tp_dim_problem(weight, tp_dim, 1, who, "weight");
-  agree(weight.mesh().comm(), problem);
+  tp_agreement(weight, "the weight", tp_dim)
+      .same("whether a bias is given", bias != nullptr)
+      .problem(group)
+      .problem(problem)
+      .settle();
   tp_matrix_view_t<W> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::row_parallel_y"),
                         x_local.extent(0), static_cast<std::size_t>(weight.rows()));
   gemm_nt<ExecSpace>(x_local, weight.local(), y, false);
@@ -359,6 +432,11 @@ tp_matrix_view_t<W> column_backward(const W& weight, const X& x, const GY& grad_
   check_linear_types<W, X, GY, GB>();
   using ExecSpace = typename W::execution_space;
   const char* who = "column_parallel_linear_backward";
+  const Operation operation(who);
+  const auto group =
+      agree_in_tp_group(weight.mesh(), splitting_dim<typename W::layout_type>(), [&](Agreement& a) {
+        a.same("the number of rows of x (tokens)", static_cast<index_t>(x.extent(0)));
+      });
   const auto out_local = weight.mapping().rows.local_extent();
   std::optional<std::string> problem;
   if (static_cast<index_t>(x.extent(1)) != weight.cols())
@@ -382,7 +460,12 @@ tp_matrix_view_t<W> column_backward(const W& weight, const X& x, const GY& grad_
         out_local);
   if (!problem) problem = tp_dim_problem(weight, tp_dim, 0, who, "weight");
   if (!problem) problem = placement_problem(weight, grad_weight, who, "grad_weight");
-  agree(weight.mesh().comm(), problem);
+  Agreement agreement = tp_agreement(weight, "the weight", tp_dim);
+  same_matrix(agreement, grad_weight, "grad_weight");
+  agreement.same("whether grad_bias_local is given", grad_bias_local != nullptr)
+      .problem(group)
+      .problem(problem)
+      .settle();
   tp_matrix_view_t<W> grad_x(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::column_parallel_grad_x"),
       x.extent(0), static_cast<std::size_t>(weight.cols()));
@@ -451,8 +534,17 @@ void vocab_parallel_lookup(const M& table, const IdView& ids, const OutView& out
       "kshard::vocab_parallel_lookup: out must be writable from the table's execution space");
 
   const char* who = "vocab_parallel_lookup";
+  const detail::Operation operation(who);
   const auto n = static_cast<index_t>(ids.extent(0));
   const index_t h = table.cols();
+  const auto summary = detail::summarize_ids<ExecSpace>(ids);
+  const auto group =
+      detail::agree_in_tp_group(table.mesh(), detail::splitting_dim<L>(), [&](auto& a) {
+        a.same("the number of token ids", n)
+            .same("the list of token ids", summary.digest, [](auto) {
+              return std::string();  // a digest: no value worth showing
+            });
+      });
   std::optional<std::string> problem;
   if (static_cast<index_t>(out.extent(0)) != n || static_cast<index_t>(out.extent(1)) != h)
     problem = fmt::format(
@@ -462,9 +554,9 @@ void vocab_parallel_lookup(const M& table, const IdView& ids, const OutView& out
   else if (n > INT_MAX)  // a team policy's league size is an int
     problem = fmt::format("kshard::{}: {} ids in one call; the limit is {}", who, n, INT_MAX);
   else
-    problem = detail::check_ids<ExecSpace>(ids, table.rows(), who);
+    problem = detail::ids_problem(summary, table.rows(), who);
   if (!problem) problem = detail::tp_dim_problem(table, tp_dim, 0, who, "table");
-  detail::agree(table.mesh().comm(), problem);
+  detail::tp_agreement(table, "the table", tp_dim).problem(group).problem(problem).settle();
 
   const auto rows = table.mapping().rows;
   const auto local = table.local();

@@ -28,73 +28,18 @@ using kshard::Replicate;
 using kshard::Shard;
 using kshard::StridedShard;
 using kshard::test::all_ranks;
+using kshard::test::checksum;
 using kshard::test::collective_error;
 using kshard::test::ExecSpace;
+using kshard::test::expect_collective_refusal;
+using kshard::test::expect_local_refusal;
 using kshard::test::MemSpace;
+using kshard::test::watch;
 using kshard::test::world_rank;
 using kshard::test::world_size;
 
 using Rows = Layout<Shard<0>>;
 using Matrix = kshard::DistMatrix<float, Rows, ExecSpace, MemSpace>;
-
-// FNV-1a over the local shard's bytes: identical before and after a refusal.
-template <class M>
-std::uint64_t checksum(const M& matrix) {
-  const auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
-  std::uint64_t hash = 1469598103934665603ull;
-  const auto* bytes = reinterpret_cast<const unsigned char*>(local.data());
-  for (std::size_t i = 0; i < local.span() * sizeof(typename M::value_type); ++i)
-    hash = (hash ^ bytes[i]) * 1099511628211ull;
-  return hash;
-}
-
-// A matrix whose checksum a refusal must not change.
-using Watched = std::function<std::uint64_t()>;
-template <class M>
-Watched watch(const M& matrix) {
-  return [&matrix] { return checksum(matrix); };
-}
-
-// `bad(here)`: the operation with a bad argument where `here` is true. Runs it bad on every
-// rank, then bad on the last rank only; each time every rank must throw a message containing
-// one of `phrases`, the same everywhere, and `watched` must not change.
-void expect_collective_refusal(const std::string& name, const std::vector<std::string>& phrases,
-                               const std::function<void(bool)>& bad,
-                               const std::vector<Watched>& watched = {},
-                               bool one_rank_only = false) {
-  for (const bool everywhere : {true, false}) {
-    if (one_rank_only && (everywhere || world_size() == 1)) continue;
-    SCOPED_TRACE(fmt::format("{}: bad on {}", name, everywhere ? "every rank" : "the last rank"));
-    std::vector<std::uint64_t> before;
-    for (const Watched& sum : watched) before.push_back(sum());
-    const bool here = everywhere || world_rank() == world_size() - 1;
-    const std::string message = collective_error([&] { bad(here); });
-    bool named = false;
-    for (const auto& phrase : phrases) named = named || message.find(phrase) != std::string::npos;
-    EXPECT_TRUE(named) << "'" << message << "'";
-    std::vector<std::uint64_t> after;
-    for (const Watched& sum : watched) after.push_back(sum());
-    EXPECT_TRUE(all_ranks(before == after)) << "a refusal changed a matrix";
-  }
-  EXPECT_TRUE(all_ranks(true));  // the next collective still runs
-}
-
-// A local check: exactly the ranks given a bad value throw, the others carry on.
-void expect_local_refusal(const std::string& name, const std::string& phrase,
-                          const std::function<void(bool)>& bad) {
-  for (const bool everywhere : {true, false}) {
-    SCOPED_TRACE(fmt::format("{}: bad on {}", name, everywhere ? "every rank" : "the last rank"));
-    const bool here = everywhere || world_rank() == world_size() - 1;
-    std::string message;
-    try {
-      bad(here);
-    } catch (const kshard::error& e) {
-      message = e.what();
-    }
-    EXPECT_TRUE(all_ranks(here ? message.find(phrase) != std::string::npos : message.empty()))
-        << message;
-  }
-}
 
 // A reference table; with `zero_row_1`, row 1 is zero (a damaged embedding row).
 kshard::HostMatrix<float> table(index_t rows, index_t cols, bool zero_row_1 = false) {
@@ -116,12 +61,12 @@ TEST(BadInput, MeshAndMatrixConstruction) {
   });
   kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size});
   using Strided = Layout<StridedShard<0>>;
-  expect_collective_refusal("split factor", {"split factor 0", "differ between ranks"},
+  expect_collective_refusal("split factor", {"split factor 0", "differs between ranks"},
                             [&](bool here) {
                               kshard::DistMatrix<float, Strided, ExecSpace, MemSpace> m(
                                   mesh, Strided(StridedShard<0>{here ? 0 : 2}), 8, 3);
                             });
-  expect_collective_refusal("negative split factor", {"split factor -1", "differ between ranks"},
+  expect_collective_refusal("negative split factor", {"split factor -1", "differs between ranks"},
                             [&](bool here) {
                               kshard::DistMatrix<float, Strided, ExecSpace, MemSpace> m(
                                   mesh, Strided(StridedShard<0>{here ? -1 : 2}), 8, 3);
@@ -189,7 +134,7 @@ TEST(BadInput, RepairConfigAndArguments) {
   const auto strided_in = kshard::distribute<ExecSpace, MemSpace>(
       mesh, Strided(StridedShard<0>{2}), kshard::HostMatrix<const float>(table(10, 4, true)));
   expect_collective_refusal(
-      "layout mismatch", {"layouts differ", "differ between ranks"}, [&](bool here) {
+      "layout mismatch", {"layouts differ", "differs between ranks"}, [&](bool here) {
         const auto out =
             kshard::distribute<ExecSpace, MemSpace>(mesh, Strided(StridedShard<0>{here ? 3 : 2}),
                                                     kshard::HostMatrix<const float>(table(10, 4)));
@@ -285,7 +230,7 @@ TEST(BadInput, RedistributeTargets) {
   const auto m = make(mesh, table(8, 3));
   using Strided = Layout<StridedShard<0>>;
   expect_collective_refusal(
-      "target split factor", {"split factor 0", "differ between ranks"},
+      "target split factor", {"split factor 0", "differs between ranks"},
       [&](bool here) { (void)kshard::redistribute(m, Strided(StridedShard<0>{here ? 0 : 2})); },
       {watch(m)});
   const Matrix right(mesh, Rows{}, 8, 3);

@@ -566,7 +566,7 @@ TEST(Redistribute, BadArgumentsAreCollectiveErrors) {
     (void)kshard::redistribute(matrix, Layout(StridedShard<1>{line.my_rank() == size - 1 ? 3 : 2}));
   });
   if (size > 1) {
-    EXPECT_NE(message.find("differ between ranks"), std::string::npos) << message;
+    EXPECT_NE(message.find("differs between ranks"), std::string::npos) << message;
   }
   if (size > 1) {
     on_half_mesh([&](const kshard::Mesh<1>& other) {

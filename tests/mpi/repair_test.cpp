@@ -98,6 +98,33 @@ void check_spec_case(const kshard::Mesh<M>& mesh, const L& layout, RepairStrateg
     EXPECT_TRUE(all_ranks(ok));
     EXPECT_TRUE(all_ranks(bitwise_equal(kshard::gather(output), output_full)));
   }
+  {  // The padding row, zeroed on purpose first (README order), is kept: never repaired.
+    auto input = make(mesh, layout, input_full);
+    const auto output = make(mesh, layout, output_full);
+    (void)kshard::zero_row(input, -2);  // row 4, healthy until now
+    const auto report = kshard::repair_embedding_rows(input, output, config.keep_rows({-2, 4}));
+    ASSERT_TRUE(report.has_value());
+    EXPECT_EQ(report->repaired_row_ids, (std::vector<index_t>{1, 3}));
+    EXPECT_EQ(report->kept_row_ids, (std::vector<index_t>{4}));
+    EXPECT_EQ(report->min_norm_before, 0.0);
+    ASSERT_TRUE(report->target_norm.has_value());
+    EXPECT_NEAR(*report->target_norm, std::sqrt(7.0), 1e-12);  // rows 0, 2, 5: norms 1, 2, 4
+    EXPECT_NE(fmt::format("{}", *report).find("; kept row(s) [4] as they were"), std::string::npos);
+    const auto after = kshard::gather(input);
+    bool ok = true;
+    for (std::size_t r = 0; r < 6; ++r) {
+      double norm = 0;
+      for (std::size_t c = 0; c < 4; ++c) {
+        const auto v = static_cast<double>(static_cast<float>(after(r, c)));
+        norm += v * v;
+        if (r != 1 && r != 3)
+          ok =
+              ok && v == (r == 4 ? 0.0 : static_cast<double>(static_cast<float>(input_full(r, c))));
+      }
+      if (r == 1 || r == 3) ok = ok && std::abs(std::sqrt(norm) - std::sqrt(7.0)) <= 1e-2;
+    }
+    EXPECT_TRUE(all_ranks(ok));
+  }
   {  // max_rows = 1: refused, nothing changed
     auto input = make(mesh, layout, input_full);
     const auto output = make(mesh, layout, output_full);
@@ -149,8 +176,8 @@ template <class T>
 double row_norm(const kshard::HostMatrix<T>& m, std::size_t r) {
   double sum = 0;
   for (std::size_t c = 0; c < m.extent(1); ++c) {
-    const auto v = static_cast<kshard::compute_type_t<T>>(m(r, c));
-    sum += static_cast<double>(v * v);
+    const auto v = static_cast<double>(static_cast<kshard::compute_type_t<T>>(m(r, c)));
+    sum += v * v;
   }
   return std::sqrt(sum);
 }
@@ -379,10 +406,11 @@ TEST(Repair, RefusalsChangeNothing) {
           on_rows, make(cols_mesh, Layout(Shard<0>{}, Replicate{}), output_full), config);
     });
   }
-  // Disabled: no report, no collective, nothing changed.
+  // Disabled: no report, only the agreement on the arguments, nothing changed.
   kshard::reset_comm_stats();
   EXPECT_FALSE(kshard::repair_embedding_rows(input, output, RepairConfig(false, 1e-4, 256)));
   EXPECT_EQ(kshard::comm_stats().collectives, 0);
+  EXPECT_EQ(kshard::comm_stats().agreements, 1);
   EXPECT_TRUE(all_ranks(bitwise_equal(kshard::gather(input), input_full)));
   // Tied storage is fine for the mean direction.
   const auto report = kshard::repair_embedding_rows(
@@ -422,6 +450,7 @@ void count_kernel(const char* name, std::uint32_t, std::uint64_t*) {
 struct RepairCost {
   std::map<std::string, int> kernels;
   std::int64_t collectives = 0;
+  std::int64_t agreements = 0;
 };
 
 template <class L, std::size_t M>
@@ -439,6 +468,7 @@ RepairCost measure(const kshard::Mesh<M>& mesh, const L& layout, index_t rows, b
   kshard::reset_comm_stats();
   (void)kshard::repair_embedding_rows(input, output, RepairConfig(true, 1e-6, 8, strategy));
   cost.collectives = kshard::comm_stats().collectives;
+  cost.agreements = kshard::comm_stats().agreements;
   Kokkos::Tools::Experimental::set_begin_parallel_for_callback(nullptr);
   Kokkos::Tools::Experimental::set_begin_parallel_reduce_callback(nullptr);
   kernel_counts = nullptr;
@@ -453,7 +483,8 @@ TEST(Repair, OnePassAndConstantCollectives) {
     SCOPED_TRACE(::testing::Message() << "rows " << rows);
     const auto clean = measure(grid, layout, rows, false, RepairStrategy::output_direction);
     EXPECT_EQ(clean.kernels, (std::map<std::string, int>{{"kshard::row_norms", 1}}));
-    EXPECT_EQ(clean.collectives, 4 + column_dims);
+    EXPECT_EQ(clean.collectives, 2 + column_dims);
+    EXPECT_EQ(clean.agreements, 1);
     const auto repaired = measure(grid, layout, rows, true, RepairStrategy::output_direction);
     EXPECT_EQ(repaired.kernels.at("kshard::row_norms"), 1);  // the only full pass
     for (const auto& [name, count] : repaired.kernels) {
@@ -461,9 +492,10 @@ TEST(Repair, OnePassAndConstantCollectives) {
       EXPECT_EQ(count, 1) << name;
     }
     EXPECT_EQ(repaired.kernels.count("kshard::repair::write"), 1u);
-    EXPECT_EQ(repaired.collectives, 8 + column_dims);
+    EXPECT_EQ(repaired.collectives, 6 + column_dims);
+    EXPECT_EQ(repaired.agreements, 1);
     const auto mean = measure(grid, layout, rows, true, RepairStrategy::mean_direction);
-    EXPECT_EQ(mean.collectives, 8 + column_dims);
+    EXPECT_EQ(mean.collectives, 6 + column_dims);
   }
 }
 

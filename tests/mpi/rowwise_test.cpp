@@ -10,6 +10,7 @@
 #include "kshard/comm_stats.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/format.hpp"
+#include "kshard/repair.hpp"
 #include "kshard/rowwise.hpp"
 #include "kshard_test.hpp"
 
@@ -74,8 +75,8 @@ std::vector<double> reference_norms(const kshard::HostMatrix<T>& full) {
   std::vector<double> norms(full.extent(0), 0.0);
   for (std::size_t r = 0; r < full.extent(0); ++r)
     for (std::size_t c = 0; c < full.extent(1); ++c) {
-      const auto v = static_cast<kshard::compute_type_t<T>>(full(r, c));
-      norms[r] += static_cast<double>(v * v);
+      const auto v = static_cast<double>(static_cast<kshard::compute_type_t<T>>(full(r, c)));
+      norms[r] += v * v;
     }
   return norms;
 }
@@ -111,6 +112,29 @@ TEST(RowSquaredNorms, EveryLayoutAgainstSerial) {
         check_norms<kshard::bf16>(line, layout, 0, 4, seed);
       },
       [&](const auto& layout) { check_norms<float>(grid, layout, 11, 9, seed); });
+}
+
+// Norms are squared in fp64: fp32 entries near 2e19 square past FLT_MAX but their row is finite,
+// so repair leaves it alone and repairs only the zero row.
+TEST(RowSquaredNorms, LargeFiniteEntriesStayFinite) {
+  kshard::Mesh<1> line(MPI_COMM_WORLD, {world_size()});
+  kshard::HostMatrix<float> full("large", 5, 3);
+  for (std::size_t r = 0; r < 5; ++r)
+    for (std::size_t c = 0; c < 3; ++c)
+      full(r, c) = r == 2 ? 0.0f : 2e19f * (1.0f + 0.1f * static_cast<float>(c));
+  const auto table = kshard::distribute<ExecSpace, MemSpace>(line, Layout(kshard::Shard<1>{}),
+                                                             kshard::HostMatrix<const float>(full));
+  const auto norms =
+      Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kshard::row_squared_norms(table));
+  const auto expected = reference_norms(full);
+  bool ok = true;
+  for (std::size_t r = 0; r < 5; ++r)
+    ok = ok && std::isfinite(norms(r)) && std::abs(norms(r) - expected[r]) <= 1e-12 * expected[r];
+  EXPECT_TRUE(all_ranks(ok));
+  const auto report = kshard::repair_embedding_rows(
+      table, kshard::RepairConfig(true, 1e-6, 4, kshard::RepairStrategy::mean_direction));
+  ASSERT_TRUE(report.has_value());
+  EXPECT_EQ(report->repaired_row_ids, (std::vector<index_t>{2}));
 }
 
 // Only the mesh dimensions that split columns communicate, once each.

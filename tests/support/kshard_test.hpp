@@ -8,9 +8,12 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -166,6 +169,66 @@ inline kshard::Mesh<2> dp_tp_mesh() {
   const int size = world_size();
   const int dp = size % 2 == 0 ? 2 : 1;
   return kshard::Mesh<2>(MPI_COMM_WORLD, {dp, size / dp}, {"dp", "tp"});
+}
+
+// FNV-1a over the local shard's bytes: identical before and after a refusal.
+template <class M>
+std::uint64_t checksum(const M& matrix) {
+  const auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
+  std::uint64_t hash = 1469598103934665603ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(local.data());
+  for (std::size_t i = 0; i < local.span() * sizeof(typename M::value_type); ++i)
+    hash = (hash ^ bytes[i]) * 1099511628211ull;
+  return hash;
+}
+
+// A matrix whose checksum a refusal must not change.
+using Watched = std::function<std::uint64_t()>;
+template <class M>
+Watched watch(const M& matrix) {
+  return [&matrix] { return checksum(matrix); };
+}
+
+// `bad(here)`: the operation with a bad argument where `here` is true. Runs it bad on every
+// rank, then bad on the last rank only; each time every rank must throw a message containing
+// one of `phrases`, the same everywhere, and `watched` must not change.
+inline void expect_collective_refusal(const std::string& name,
+                                      const std::vector<std::string>& phrases,
+                                      const std::function<void(bool)>& bad,
+                                      const std::vector<Watched>& watched = {},
+                                      bool one_rank_only = false) {
+  for (const bool everywhere : {true, false}) {
+    if (one_rank_only && (everywhere || world_size() == 1)) continue;
+    SCOPED_TRACE(fmt::format("{}: bad on {}", name, everywhere ? "every rank" : "the last rank"));
+    std::vector<std::uint64_t> before;
+    for (const Watched& sum : watched) before.push_back(sum());
+    const bool here = everywhere || world_rank() == world_size() - 1;
+    const std::string message = collective_error([&] { bad(here); });
+    bool named = false;
+    for (const auto& phrase : phrases) named = named || message.find(phrase) != std::string::npos;
+    EXPECT_TRUE(named) << "'" << message << "'";
+    std::vector<std::uint64_t> after;
+    for (const Watched& sum : watched) after.push_back(sum());
+    EXPECT_TRUE(all_ranks(before == after)) << "a refusal changed a matrix";
+  }
+  EXPECT_TRUE(all_ranks(true));  // the next collective still runs
+}
+
+// A local check: exactly the ranks given a bad value throw, the others carry on.
+inline void expect_local_refusal(const std::string& name, const std::string& phrase,
+                                 const std::function<void(bool)>& bad) {
+  for (const bool everywhere : {true, false}) {
+    SCOPED_TRACE(fmt::format("{}: bad on {}", name, everywhere ? "every rank" : "the last rank"));
+    const bool here = everywhere || world_rank() == world_size() - 1;
+    std::string message;
+    try {
+      bad(here);
+    } catch (const kshard::error& e) {
+      message = e.what();
+    }
+    EXPECT_TRUE(all_ranks(here ? message.find(phrase) != std::string::npos : message.empty()))
+        << message;
+  }
 }
 
 }  // namespace kshard::test

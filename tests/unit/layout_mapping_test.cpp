@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <random>
 #include <vector>
@@ -215,5 +217,193 @@ void check_random_layouts(int shapes, std::uint64_t seed) {
 TEST(LayoutMapping, RandomLayoutsMeshRank1) { check_random_layouts<1>(200, 1); }
 TEST(LayoutMapping, RandomLayoutsMeshRank2) { check_random_layouts<2>(40, 2); }
 TEST(LayoutMapping, RandomLayoutsMeshRank3) { check_random_layouts<3>(8, 3); }
+
+// Extreme extents and factors, against the spec's rule in 128-bit arithmetic, applied
+// literally: no 64-bit intermediate, so nothing here can overflow.
+__extension__ typedef __int128 wide;
+
+constexpr index_t max = std::numeric_limits<index_t>::max();
+constexpr index_t invalid = kshard::invalid_index;
+
+wide ceil_w(wide a, wide b) { return (a + b - 1) / b; }
+wide chunk_w(wide m, wide k, wide i) {
+  return std::clamp<wide>(m - i * ceil_w(m, k), 0, ceil_w(m, k));
+}
+
+// One split (StridedShard(s) over k ranks) of n items: F pieces of P items, then R items.
+struct WideSplit {
+  wide n, k, piece, full, rest;
+  WideSplit(index_t n_, index_t s, index_t k_)
+      : n(n_), k(k_), piece(n_ == 0 ? 1 : ceil_w(n_, s)), full(n / piece), rest(n - full * piece) {}
+  wide extent(wide c) const { return full * chunk_w(piece, k, c) + chunk_w(rest, k, c); }
+  // Owner and its local index of item x in [0, n): every piece before x's is a full one.
+  std::pair<wide, wide> locate(wide x) const {
+    const wide p = x / piece, within = x % piece;
+    const wide sub = ceil_w(std::min(piece, n - p * piece), k);
+    return {within / sub, p * chunk_w(piece, k, within / sub) + within % sub};
+  }
+  wide parent(wide c, wide l) const {
+    const wide e = chunk_w(piece, k, c);
+    if (l < full * e) return l / e * piece + c * ceil_w(piece, k) + l % e;
+    return full * piece + c * ceil_w(rest, k) + (l - full * e);
+  }
+};
+
+struct Split {
+  index_t factor;
+  index_t ranks;
+  index_t coord;
+};
+
+// Checks one coordinate's axis map for n items split by `splits` (outermost first).
+void check_extreme_axis(index_t n, const std::vector<Split>& splits) {
+  ::testing::Message trace;
+  trace << "n " << n;
+  for (const Split& s : splits)
+    trace << " (" << s.factor << ", " << s.ranks << ", " << s.coord << ")";
+  SCOPED_TRACE(trace);
+  kshard::AxisMap<4> map(n);
+  std::vector<WideSplit> ref;
+  index_t extent = n;
+  for (const Split& s : splits) {
+    map.add_split(s.factor, s.ranks, s.coord);
+    ref.emplace_back(extent, s.factor, s.ranks);
+    const wide expected = ref.back().extent(s.coord);
+    ASSERT_TRUE(expected == map.local_extent()) << map.local_extent();
+    extent = map.local_extent();
+  }
+  const index_t local_extent = map.local_extent();
+  ASSERT_GE(local_extent, 0);
+  auto global_of = [&](index_t local) {
+    wide x = local;
+    for (std::size_t j = splits.size(); j-- > 0;) x = ref[j].parent(splits[j].coord, x);
+    return static_cast<index_t>(x);
+  };
+  auto local_of = [&](index_t global) {
+    wide x = global;
+    for (std::size_t j = 0; j < splits.size(); ++j) {
+      const auto [owner, local] = ref[j].locate(x);
+      if (owner != splits[j].coord) return invalid;
+      x = local;
+    }
+    return static_cast<index_t>(x);
+  };
+  for (index_t local :
+       {index_t{0}, index_t{1}, local_extent / 2, local_extent - 2, local_extent - 1}) {
+    if (local < 0 || local >= local_extent) continue;
+    const index_t global = map.to_global(local);
+    EXPECT_EQ(global, global_of(local)) << "local " << local;
+    EXPECT_EQ(map.to_local(global), local) << "local " << local;
+    const index_t run = map.run_length(local);
+    EXPECT_GE(run, 1);
+    EXPECT_LE(run, local_extent - local);
+    EXPECT_EQ(map.to_global(local + run - 1), global + run - 1) << "local " << local;
+    if (local + run < local_extent) {
+      EXPECT_GT(map.to_global(local + run), global + run) << "local " << local;  // maximal
+    }
+  }
+  for (index_t global : {index_t{0}, index_t{1}, n / 2, n - 2, n - 1}) {
+    if (global < 0 || global >= n) continue;
+    const index_t local = map.to_local(global);
+    EXPECT_EQ(local, local_of(global)) << "global " << global;
+    if (local != invalid) {
+      EXPECT_EQ(map.to_global(local), global) << "global " << global;
+    }
+  }
+  for (index_t out : {std::numeric_limits<index_t>::min(), index_t{-1}, n, max}) {
+    if (out >= 0 && out < n) continue;
+    EXPECT_EQ(map.to_local(out), invalid) << "global " << out;
+  }
+  for (index_t out : {std::numeric_limits<index_t>::min(), index_t{-1}, local_extent, max}) {
+    if (out >= 0 && out < local_extent) continue;
+    EXPECT_EQ(map.to_global(out), invalid) << "local " << out;
+    EXPECT_EQ(map.run_length(out), 0) << "local " << out;
+  }
+  EXPECT_EQ(map.global_offset(), local_extent == 0 ? n : global_of(0));
+  EXPECT_EQ(map.is_contiguous(), local_extent == 0 || map.run_length(0) == local_extent);
+}
+
+const std::vector<index_t> extreme_extents{0, 1, 2, 3, 5, max, max - 1, max / 2 + 1};
+const std::vector<index_t> extreme_factors{1, 2, 3, max, max - 1};
+
+TEST(LayoutMapping, ExtremeSingleSplits) {
+  for (index_t n : extreme_extents)
+    for (index_t s : extreme_factors)
+      for (index_t k = 1; k <= 4; ++k) {
+        wide total = 0;
+        for (index_t c = 0; c < k; ++c) {
+          check_extreme_axis(n, {{s, k, c}});
+          if (::testing::Test::HasFatalFailure()) return;
+          kshard::AxisMap<1> map(n);
+          map.add_split(s, k, c);
+          total += map.local_extent();
+        }
+        EXPECT_TRUE(total == n) << n << " " << s << " " << k;  // the coordinates partition
+      }
+}
+
+TEST(LayoutMapping, ExtremeRankCounts) {
+  constexpr index_t int_max = std::numeric_limits<int>::max();
+  for (index_t n : extreme_extents)
+    for (index_t s : extreme_factors)
+      for (index_t k : {int_max, int_max - 1, index_t{1} << 30})
+        for (index_t c : {index_t{0}, index_t{1}, k / 2, k - 2, k - 1}) {
+          check_extreme_axis(n, {{s, k, c}});
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+}
+
+TEST(LayoutMapping, ExtremeComposedSplits) {
+  for (index_t n : extreme_extents)
+    for (index_t s1 : extreme_factors)
+      for (index_t s2 : extreme_factors)
+        for (index_t k1 = 1; k1 <= 3; ++k1)
+          for (index_t k2 = 1; k2 <= 3; ++k2) {
+            wide total = 0;
+            for (index_t c1 = 0; c1 < k1; ++c1)
+              for (index_t c2 = 0; c2 < k2; ++c2) {
+                check_extreme_axis(n, {{s1, k1, c1}, {s2, k2, c2}});
+                if (::testing::Test::HasFatalFailure()) return;
+                kshard::AxisMap<2> map(n);
+                map.add_split(s1, k1, c1);
+                map.add_split(s2, k2, c2);
+                total += map.local_extent();
+              }
+            EXPECT_TRUE(total == n) << n << " " << s1 << " " << s2 << " " << k1 << " " << k2;
+          }
+  // Deeper compositions with huge factors and rank counts in between.
+  check_extreme_axis(max, {{max, 3, 2}, {2, 4, 3}, {max - 1, 2, 1}, {1, 1, 0}});
+  check_extreme_axis(max, {{2, 2, 1}, {2, 2, 1}, {2, 2, 1}, {2, 2, 1}});
+  check_extreme_axis(max - 1, {{3, 1 << 30, (1 << 30) - 1}, {max, 7, 6}, {5, 3, 0}});
+}
+
+TEST(LayoutMapping, ExtremeLayouts) {
+  // The example: StridedShard(INT64_MAX) divided by zero. With more pieces than rows,
+  // each piece is one row, all of it held by coordinate 0.
+  const auto first = mapping<1>({strided0(max)}, {2}, {0}, 10, 4);
+  EXPECT_EQ(first.rows.local_extent(), 10);
+  EXPECT_EQ(first.rows.to_global(9), 9);
+  EXPECT_TRUE(first.rows.is_contiguous());
+  const auto second = mapping<1>({strided0(max)}, {2}, {1}, 10, 4);
+  EXPECT_EQ(second.rows.local_extent(), 0);
+  EXPECT_EQ(second.rows.global_offset(), 10);
+  // Rows = INT64_MAX over every coordinate of a 2 x 2 mesh: extents are positive and add up.
+  wide total = 0;
+  for (int dp = 0; dp < 2; ++dp)
+    for (int tp = 0; tp < 2; ++tp) {
+      const auto map = mapping<2>({strided0(2), shard0}, {2, 2}, {dp, tp}, max, max);
+      EXPECT_GT(map.rows.local_extent(), 0);
+      EXPECT_EQ(map.cols.local_extent(), max);
+      EXPECT_EQ(map.local_size(), max);  // saturated: the product does not fit
+      total += map.rows.local_extent();
+    }
+  EXPECT_TRUE(total == max);
+  EXPECT_EQ(mapping<1>({replicate}, {1}, {0}, index_t{1} << 31, index_t{1} << 31).local_size(),
+            index_t{1} << 62);
+  EXPECT_EQ(mapping<1>({replicate}, {1}, {0}, index_t{1} << 32, index_t{1} << 31).local_size(),
+            max);
+  EXPECT_EQ(mapping<1>({replicate}, {1}, {0}, max, 1).local_size(), max);
+  EXPECT_EQ(mapping<1>({replicate}, {1}, {0}, 0, max).local_size(), 0);
+}
 
 }  // namespace

@@ -1,8 +1,8 @@
 #pragma once
 
 // The thin layer between kshard and MPI: return-code checks, datatypes, an owning
-// communicator handle and the collective agreement on errors. Algorithms call these, never
-// MPI directly.
+// communicator handle and the collectives (detail/agreement.hpp builds the argument agreement
+// on them). Algorithms call these, never MPI directly.
 
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1
@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "kshard/comm_stats.hpp"
+#include "kshard/detail/watchdog.hpp"
 #include "kshard/error.hpp"
 
 namespace kshard::detail {
@@ -79,26 +80,54 @@ inline void count_collective(std::int64_t bytes) {
   comm_stats().bytes_sent += bytes;
 }
 
+// Runs one collective: `blocking()`, or, under the watchdog (kshard/watchdog.hpp), its
+// non-blocking form `start(&request)` and a wait with a deadline. Both return MPI's error code.
+template <class Blocking, class Start>
+void run_collective(const char* call, MPI_Comm comm, Blocking&& blocking, Start&& start) {
+  if (!watchdog_on()) {
+    check_mpi(blocking(), call);
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(start(&request), call);
+  check_mpi(complete(request, call, comm), call);
+}
+
 template <class T>
 void allreduce(T* data, int count, MPI_Op op, MPI_Comm comm) {
   count_collective(static_cast<std::int64_t>(count) * static_cast<std::int64_t>(sizeof(T)));
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, count, mpi_datatype<T>(), op, comm), "MPI_Allreduce");
+  const MPI_Datatype type = mpi_datatype<T>();
+  run_collective(
+      "MPI_Allreduce", comm,
+      [&] { return MPI_Allreduce(MPI_IN_PLACE, data, count, type, op, comm); },
+      [&](MPI_Request* request) {
+        return MPI_Iallreduce(MPI_IN_PLACE, data, count, type, op, comm, request);
+      });
 }
 
 template <class T>
 void allgather(const T* send, int count, T* recv, MPI_Comm comm) {
   count_collective(static_cast<std::int64_t>(count) * static_cast<std::int64_t>(sizeof(T)));
-  check_mpi(MPI_Allgather(send, count, mpi_datatype<T>(), recv, count, mpi_datatype<T>(), comm),
-            "MPI_Allgather");
+  const MPI_Datatype type = mpi_datatype<T>();
+  run_collective(
+      "MPI_Allgather", comm,
+      [&] { return MPI_Allgather(send, count, type, recv, count, type, comm); },
+      [&](MPI_Request* request) {
+        return MPI_Iallgather(send, count, type, recv, count, type, comm, request);
+      });
 }
 
 template <class T>
 void allgatherv(const T* send, int count, T* recv, const int* counts, const int* displs,
                 MPI_Comm comm) {
   count_collective(static_cast<std::int64_t>(count) * static_cast<std::int64_t>(sizeof(T)));
-  check_mpi(
-      MPI_Allgatherv(send, count, mpi_datatype<T>(), recv, counts, displs, mpi_datatype<T>(), comm),
-      "MPI_Allgatherv");
+  const MPI_Datatype type = mpi_datatype<T>();
+  run_collective(
+      "MPI_Allgatherv", comm,
+      [&] { return MPI_Allgatherv(send, count, type, recv, counts, displs, type, comm); },
+      [&](MPI_Request* request) {
+        return MPI_Iallgatherv(send, count, type, recv, counts, displs, type, comm, request);
+      });
 }
 
 template <class T>
@@ -106,7 +135,10 @@ void broadcast(T* data, int count, int root, MPI_Comm comm) {
   count_collective(comm_rank(comm) == root
                        ? static_cast<std::int64_t>(count) * static_cast<std::int64_t>(sizeof(T))
                        : 0);
-  check_mpi(MPI_Bcast(data, count, mpi_datatype<T>(), root, comm), "MPI_Bcast");
+  const MPI_Datatype type = mpi_datatype<T>();
+  run_collective(
+      "MPI_Bcast", comm, [&] { return MPI_Bcast(data, count, type, root, comm); },
+      [&](MPI_Request* request) { return MPI_Ibcast(data, count, type, root, comm, request); });
 }
 
 // Personalised all-to-all. Counted: the payload this rank sends to the other ranks (what it
@@ -120,9 +152,17 @@ void alltoallv(const T* send, const int* send_counts, const int* send_displs, T*
   for (int r = 0; r < size; ++r)
     if (r != self) elements += send_counts[r];
   count_collective(elements * static_cast<std::int64_t>(sizeof(T)));
-  check_mpi(MPI_Alltoallv(send, send_counts, send_displs, mpi_datatype<T>(), recv, recv_counts,
-                          recv_displs, mpi_datatype<T>(), comm),
-            "MPI_Alltoallv");
+  const MPI_Datatype type = mpi_datatype<T>();
+  run_collective(
+      "MPI_Alltoallv", comm,
+      [&] {
+        return MPI_Alltoallv(send, send_counts, send_displs, type, recv, recv_counts, recv_displs,
+                             type, comm);
+      },
+      [&](MPI_Request* request) {
+        return MPI_Ialltoallv(send, send_counts, send_displs, type, recv, recv_counts, recv_displs,
+                              type, comm, request);
+      });
 }
 
 // Reduction of `send` (the blocks of every rank, in rank order, `recv_counts[r]` elements for
@@ -136,8 +176,13 @@ void reduce_scatter(const T* send, T* recv, const int* recv_counts, MPI_Op op, M
   for (int r = 0; r < size; ++r)
     if (r != self) elements += recv_counts[r];
   count_collective(elements * static_cast<std::int64_t>(sizeof(T)));
-  check_mpi(MPI_Reduce_scatter(send, recv, recv_counts, mpi_datatype<T>(), op, comm),
-            "MPI_Reduce_scatter");
+  const MPI_Datatype type = mpi_datatype<T>();
+  run_collective(
+      "MPI_Reduce_scatter", comm,
+      [&] { return MPI_Reduce_scatter(send, recv, recv_counts, type, op, comm); },
+      [&](MPI_Request* request) {
+        return MPI_Ireduce_scatter(send, recv, recv_counts, type, op, comm, request);
+      });
 }
 
 // True when `a` and `b` hold the same processes in the same order (MPI_IDENT or
@@ -160,6 +205,10 @@ class Communicator {
     return Communicator(copy);
   }
   [[nodiscard]] MPI_Comm get() const { return handle_ ? *handle_ : MPI_COMM_NULL; }
+  // Names the communicator for MPI's tools and kshard's watchdog messages.
+  void set_name(const std::string& name) const {
+    check_mpi(MPI_Comm_set_name(get(), name.c_str()), "MPI_Comm_set_name");
+  }
 
  private:
   struct Free {
@@ -173,36 +222,6 @@ class Communicator {
   explicit Communicator(MPI_Comm comm) : handle_(new MPI_Comm(comm), Free{}) {}
   std::shared_ptr<MPI_Comm> handle_;
 };
-
-// Every rank learns whether any rank found a problem; all throw the message of the lowest
-// failing rank. One collective when all is well, three when not. Call it before mutating.
-inline void agree(MPI_Comm comm, const std::optional<std::string>& local_problem) {
-  const int size = comm_size(comm);
-  const int mine = local_problem ? comm_rank(comm) : size;
-  int first = mine;
-  allreduce(&first, 1, MPI_MIN, comm);
-  if (first == size) return;
-  std::string message = local_problem && mine == first ? *local_problem : std::string();
-  int length = static_cast<int>(message.size());
-  broadcast(&length, 1, first, comm);
-  message.resize(static_cast<std::size_t>(length));
-  broadcast(message.data(), length, first, comm);
-  throw error(message);
-}
-
-// True on every rank when `values` (each > INT64_MIN) is the same on every rank: one
-// MAX reduction of the values and their negations gives both the maximum and the minimum.
-inline bool same_on_all_ranks(MPI_Comm comm, const std::vector<std::int64_t>& values) {
-  std::vector<std::int64_t> both;
-  both.reserve(2 * values.size());
-  for (std::int64_t v : values) both.push_back(v);
-  for (std::int64_t v : values) both.push_back(-v);
-  allreduce(both.data(), static_cast<int>(both.size()), MPI_MAX, comm);
-  const std::vector<std::int64_t>& max = both;
-  for (std::size_t i = 0; i < values.size(); ++i)
-    if (max[i] != -max[values.size() + i]) return false;
-  return true;
-}
 
 // MPI counts are int: refuse, rather than truncate, a message longer than INT_MAX elements.
 inline int mpi_count(std::int64_t count, const char* what) {

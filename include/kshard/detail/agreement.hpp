@@ -1,0 +1,286 @@
+#pragma once
+
+// Agreement on arguments across the ranks of a communicator: the values every rank must pass
+// alike and the problems each rank finds on its own, settled together by ONE all-reduce of a
+// fixed size. The size never depends on the arguments, so ranks that reach an agreement through
+// different template instantiations or code paths (a rank-dependent `if`) still meet in the
+// same collective and learn that they differ, instead of truncating, hanging or going on with
+// wrong data.
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kshard/bfloat16.hpp"
+#include "kshard/comm_stats.hpp"
+#include "kshard/detail/mpi.hpp"
+#include "kshard/detail/operation.hpp"
+#include "kshard/error.hpp"
+#include "kshard/placement.hpp"
+
+namespace kshard::detail {
+
+// FNV-1a: a stable 64-bit digest of text or of several values (the same in every process of
+// the job, unlike std::hash, which may differ between builds).
+class Digest {
+ public:
+  Digest& add(std::string_view text) {
+    for (const char c : text) mix(static_cast<unsigned char>(c));
+    mix(0xff);  // ends each piece: ("ab", "c") and ("a", "bc") differ
+    return *this;
+  }
+  Digest& add(std::int64_t value) {
+    for (int byte = 0; byte < 8; ++byte) mix(static_cast<unsigned char>(value >> (8 * byte)));
+    return *this;
+  }
+  [[nodiscard]] std::int64_t value() const { return std::bit_cast<std::int64_t>(hash_); }
+
+ private:
+  void mix(unsigned char byte) { hash_ = (hash_ ^ byte) * 1099511628211ull; }
+  std::uint64_t hash_ = 1469598103934665603ull;
+};
+
+// Renders an agreed value for an error message ("Shard(0)", "float", "12").
+using Render = std::function<std::string(std::int64_t)>;
+
+inline std::string render_number(std::int64_t value) { return fmt::format("{}", value); }
+
+class Agreement {
+ public:
+  // Values compared per agreement; more are folded into one digest (still compared, named
+  // together in the message). The last two slots hold that digest and the value count.
+  static constexpr std::size_t capacity = 30;
+
+  // `between` names the ranks in messages ("ranks", "the ranks of a tp group").
+  explicit Agreement(MPI_Comm comm, std::string_view between = "ranks")
+      : comm_(comm), between_(between) {}
+
+  // `value` must be the same on every rank; `what` names it in the error ("the number of rows"),
+  // `render` shows a value there (an empty text: the message shows no values).
+  Agreement& same(std::string what, std::int64_t value, Render render = render_number) {
+    if (values_.size() + 2 < capacity)
+      values_.push_back({std::move(what), value, std::move(render)});
+    else
+      overflow_.add(value);
+    ++count_;
+    return *this;
+  }
+
+  // A problem this rank found by itself; the first one given is kept.
+  Agreement& problem(std::optional<std::string> problem) {
+    if (!problem_) problem_ = std::move(problem);
+    return *this;
+  }
+
+  [[nodiscard]] bool has_problem() const { return problem_.has_value(); }
+
+  // One all-reduce: every rank returns the same outcome, the problem of the lowest rank that
+  // found one, else the message of the first difference between ranks, else nothing.
+  [[nodiscard]] std::optional<std::string> outcome() const {
+    AgreementScope scope;
+    const int size = comm_size(comm_);
+    const int rank = comm_rank(comm_);
+    std::array<std::int64_t, 2 * capacity + 1> both = slots();
+    // MAX of v and of ~v gives max and ~min at once (~ cannot overflow, unlike negation); the
+    // last entry is the lowest rank with a problem, as size - rank (0: none).
+    for (std::size_t i = 0; i < capacity; ++i) both[capacity + i] = ~both[i];
+    both[2 * capacity] = problem_ ? size - rank : 0;
+    allreduce(both.data(), static_cast<int>(both.size()), MPI_MAX, comm_);
+    // A problem a rank found names the argument most precisely (a target on another
+    // communicator also has another shape), so it goes first; then the first difference, which
+    // every rank sees: rank 0's wording is everyone's.
+    int first = size - static_cast<int>(both[2 * capacity]);
+    std::optional<std::string> message = rank == first ? problem_ : std::nullopt;
+    for (std::size_t i = 0; i < capacity && first == size; ++i)
+      if (both[i] != ~both[capacity + i]) {
+        message = difference(i, both[i], ~both[capacity + i]);
+        first = 0;
+      }
+    if (first == size) return std::nullopt;
+    return from_rank(first, message.value_or(std::string()));
+  }
+
+  // Throws the outcome, the same `kshard::error` on every rank.
+  void settle() const {
+    if (auto message = outcome()) throw error(*message);
+  }
+
+ private:
+  struct Item {
+    std::string what;
+    std::int64_t value;
+    Render render;
+  };
+
+  // Agreements are metadata: counted in comm_stats().agreements, not as data collectives.
+  class AgreementScope {
+   public:
+    AgreementScope() : saved_(comm_stats()) {}
+    ~AgreementScope() {
+      const std::int64_t agreements = comm_stats().agreements;
+      comm_stats() = saved_;
+      comm_stats().agreements = agreements + 1;
+    }
+    AgreementScope(const AgreementScope&) = delete;
+    AgreementScope& operator=(const AgreementScope&) = delete;
+
+   private:
+    CommStats saved_;
+  };
+
+  // Slot 0: the operation; then the values; the last two: the overflow digest and the count.
+  [[nodiscard]] std::array<std::int64_t, 2 * capacity + 1> slots() const {
+    std::array<std::int64_t, 2 * capacity + 1> s{};
+    s[0] = Digest().add(operation_name()).value();
+    for (std::size_t i = 0; i < values_.size(); ++i) s[i + 1] = values_[i].value;
+    s[capacity - 2] = overflow_.value();
+    s[capacity - 1] = count_;
+    return s;
+  }
+
+  [[nodiscard]] std::string difference(std::size_t slot, std::int64_t max, std::int64_t min) const {
+    const std::string who = fmt::format("kshard::{}", operation_name());
+    const int rank = comm_rank(MPI_COMM_WORLD);  // the rank users know
+    if (slot == 0)
+      return fmt::format(
+          "{}: the {} are in different kshard operations ({} on rank {}); every rank must call "
+          "the same collective operations in the same order",
+          who, between_, operation_name(), rank);
+    if (slot >= capacity - 2 || slot > values_.size())
+      return fmt::format(
+          "{}: the {} passed different arguments (other types, or more of them, on some); every "
+          "rank must pass the same",
+          who, between_);
+    const Item& item = values_[slot - 1];
+    const std::string mine = item.render(item.value);
+    if (mine.empty())
+      return fmt::format("{}: {} differs between {}; every rank must pass the same", who, item.what,
+                         between_);
+    const std::int64_t other = item.value == max ? min : max;
+    return fmt::format(
+        "{}: {} differs between {}: {} on rank {}, {} on another; every rank must "
+        "pass the same",
+        who, item.what, between_, mine, rank, item.render(other));
+  }
+
+  // Everyone gets the message of rank `first`.
+  [[nodiscard]] std::string from_rank(int first, std::string message) const {
+    int length = static_cast<int>(message.size());
+    broadcast(&length, 1, first, comm_);
+    message.resize(static_cast<std::size_t>(length));
+    broadcast(message.data(), length, first, comm_);
+    return message;
+  }
+
+  MPI_Comm comm_;
+  std::string_view between_;
+  std::vector<Item> values_;
+  Digest overflow_;
+  std::int64_t count_ = 0;
+  std::optional<std::string> problem_;
+};
+
+// Every rank learns whether any rank found a problem; all throw the message of the lowest
+// failing rank. Call it before mutating anything.
+inline void agree(MPI_Comm comm, std::optional<std::string> local_problem) {
+  Agreement(comm).problem(std::move(local_problem)).settle();
+}
+
+// ----- How arguments are described for agreement -------------------------------------------
+
+// A code per element type, so that float and int32 (both 4 bytes) differ.
+template <class T>
+constexpr std::int64_t type_code() {
+  if constexpr (std::is_same_v<T, float>)
+    return 1;
+  else if constexpr (std::is_same_v<T, double>)
+    return 2;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return 3;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return 4;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return 5;
+  else
+    return 1000 + static_cast<std::int64_t>(sizeof(T));
+}
+
+inline std::string render_type(std::int64_t code) {
+  switch (code) {
+    case 1:
+      return "float";
+    case 2:
+      return "double";
+    case 3:
+      return "bf16";
+    case 4:
+      return "int32";
+    case 5:
+      return "int64";
+    default:
+      return fmt::format("a {}-byte element type", code - 1000);
+  }
+}
+
+// One placement as a number: kind, tensor dimension and reduction (the split factor is agreed
+// on as a value of its own).
+inline std::int64_t placement_code(const MeshDimAction& action, ReduceOp op) {
+  const std::int64_t reduction = action.kind == PlacementKind::partial ? static_cast<int>(op) : 0;
+  return static_cast<std::int64_t>(action.kind) + 4 * (action.tensor_dim + 1) + 4096 * reduction;
+}
+
+inline std::string render_placement(std::int64_t code) {
+  const auto kind = static_cast<PlacementKind>(code % 4);
+  const std::int64_t dim = (code % 4096) / 4 - 1;
+  switch (kind) {
+    case PlacementKind::replicate:
+      return "Replicate()";
+    case PlacementKind::shard:
+      return fmt::format("Shard({})", dim);
+    case PlacementKind::strided_shard:
+      return fmt::format("StridedShard({})", dim);
+    case PlacementKind::partial:
+      return fmt::format("Partial({})", to_string(static_cast<ReduceOp>(code / 4096)));
+  }
+  return "?";
+}
+
+// The placements of layout `L` (kind, dimension, reduction and split factor per mesh dimension).
+template <class L>
+void same_layout(Agreement& agreement, const L& layout, std::string_view role) {
+  const auto actions = layout.actions();
+  for (std::size_t m = 0; m < L::rank; ++m) {
+    agreement.same(fmt::format("the placement of {} on mesh dimension {}", role, m),
+                   placement_code(actions[m], L::partial_op(m)), render_placement);
+    agreement.same(fmt::format("the split factor of {} on mesh dimension {}", role, m),
+                   actions[m].split_factor);
+  }
+}
+
+// Everything about a matrix of `T` that its ranks must share: element type, global shape,
+// layout.
+template <class T, class L>
+void same_shape_and_layout(Agreement& agreement, index_t rows, index_t cols, const L& layout,
+                           std::string_view role) {
+  agreement.same(fmt::format("the element type of {}", role), type_code<T>(), render_type);
+  agreement.same(fmt::format("the number of rows of {}", role), rows);
+  agreement.same(fmt::format("the number of columns of {}", role), cols);
+  same_layout(agreement, layout, role);
+}
+
+template <class M>
+void same_matrix(Agreement& agreement, const M& matrix, std::string_view role) {
+  same_shape_and_layout<typename M::value_type>(agreement, matrix.rows(), matrix.cols(),
+                                                matrix.layout(), role);
+}
+
+}  // namespace kshard::detail

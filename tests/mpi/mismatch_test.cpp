@@ -1,0 +1,362 @@
+// Arguments that differ between ranks, and sizes at the edge of int64: for every public
+// collective entry point, each argument (values, shapes, layouts and their types, configs,
+// counts) is changed on the last rank only, as a rank-dependent `if` in user code would. Every
+// rank must throw the same kshard::error naming what differs, leave the matrices unchanged
+// (checksums) and be able to run the next collective; nothing may hang, truncate or go on with
+// wrong data. docs/design.md has the table of entry points x arguments this covers.
+
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kshard/kshard.hpp"
+#include "kshard_test.hpp"
+
+namespace {
+
+using kshard::index_t;
+using kshard::Layout;
+using kshard::Partial;
+using kshard::ReduceOp;
+using kshard::Replicate;
+using kshard::Shard;
+using kshard::StridedShard;
+using kshard::test::all_ranks;
+using kshard::test::collective_error;
+using kshard::test::ExecSpace;
+using kshard::test::expect_collective_refusal;
+using kshard::test::expect_local_refusal;
+using kshard::test::MemSpace;
+using kshard::test::watch;
+using kshard::test::world_size;
+
+template <class T, class L>
+using Matrix = kshard::DistMatrix<T, L, ExecSpace, MemSpace>;
+using DeviceMatrix = Kokkos::View<float**, Kokkos::LayoutRight, MemSpace>;
+using Ids = Kokkos::View<std::int64_t*, MemSpace>;
+
+constexpr bool one_rank_only = true;
+constexpr index_t int64_max = std::numeric_limits<index_t>::max();
+
+template <class L, std::size_t M>
+Matrix<float, L> make(const kshard::Mesh<M>& mesh, const L& layout, index_t rows, index_t cols,
+                      std::uint64_t seed = 1) {
+  const auto full = kshard::test::reference_matrix<float>(rows, cols, seed);
+  return kshard::distribute<ExecSpace, MemSpace>(mesh, layout,
+                                                 kshard::HostMatrix<const float>(full));
+}
+
+Ids ids_of(const std::vector<std::int64_t>& values) {
+  Kokkos::View<std::int64_t*, Kokkos::HostSpace> host("ids", values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) host(i) = values[i];
+  Ids ids("ids", values.size());
+  Kokkos::deep_copy(ids, host);
+  return ids;
+}
+
+TEST(Mismatch, MeshRankNamesAndCommunicator) {
+  const int size = world_size();
+  expect_collective_refusal(
+      "mesh rank", {"the mesh rank (number of dimensions) differs between ranks: 1 on rank 0, 2"},
+      [&](bool here) {
+        if (here)
+          kshard::Mesh<2> mesh(MPI_COMM_WORLD, {1, size});
+        else
+          kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size});
+      },
+      {}, one_rank_only);
+  expect_collective_refusal(
+      "dimension names", {"the mesh dimension names differs between ranks: (dp, tp) on rank 0"},
+      [&](bool here) {
+        kshard::Mesh<2> mesh(MPI_COMM_WORLD, {1, size}, {here ? "data" : "dp", "tp"});
+      },
+      {}, one_rank_only);
+  // A rank outside the communicator cannot reach the others: it throws alone, before MPI.
+  expect_local_refusal("null communicator", "MPI_COMM_NULL", [&](bool here) {
+    if (here) kshard::Mesh<1> mesh(MPI_COMM_NULL, {1});
+  });
+}
+
+TEST(Mismatch, MatrixLayoutTypeAndShape) {
+  const auto mesh = kshard::test::dp_tp_mesh();
+  // The case: a rank-dependent `if` picks another layout type on one rank.
+  expect_collective_refusal(
+      "layout", {"the placement of the matrix on mesh dimension 0 differs between ranks"},
+      [&](bool here) {
+        if (here)
+          Matrix<float, Layout<Replicate, Shard<0>>> m(mesh, {}, 8, 3);
+        else
+          Matrix<float, Layout<Shard<0>, Shard<0>>> m(mesh, {}, 8, 3);
+      },
+      {}, one_rank_only);
+  expect_collective_refusal(
+      "reduction", {"differs between ranks: Partial(sum) on rank 0, Partial(max) on another"},
+      [&](bool here) {
+        if (here)
+          Matrix<float, Layout<Partial<ReduceOp::max>, Replicate>> m(mesh, {}, 8, 3);
+        else
+          Matrix<float, Layout<Partial<ReduceOp::sum>, Replicate>> m(mesh, {}, 8, 3);
+      },
+      {}, one_rank_only);
+  expect_collective_refusal(
+      "element type", {"the element type of the matrix differs between ranks: float on rank 0"},
+      [&](bool here) {
+        if (here)
+          Matrix<double, Layout<Replicate, Shard<0>>> m(mesh, {}, 8, 3);
+        else
+          Matrix<float, Layout<Replicate, Shard<0>>> m(mesh, {}, 8, 3);
+      },
+      {}, one_rank_only);
+  expect_collective_refusal(
+      "columns", {"the number of columns of the matrix differs between ranks: 3 on rank 0, 4"},
+      [&](bool here) { Matrix<float, Layout<Replicate, Shard<0>>> m(mesh, {}, 8, here ? 4 : 3); },
+      {}, one_rank_only);
+  expect_collective_refusal(
+      "distribute", {"the number of rows of the matrix differs between ranks: 8 on rank 0, 9"},
+      [&](bool here) { (void)make(mesh, Layout(Replicate{}, Shard<0>{}), here ? 9 : 8, 3); }, {},
+      one_rank_only);
+}
+
+TEST(Mismatch, GatherOfAnotherMatrix) {
+  kshard::Mesh<1> mesh(MPI_COMM_WORLD, {world_size()});
+  const auto by_rows = make(mesh, Layout(Shard<0>{}), 8, 3);
+  const auto replicated = make(mesh, Layout(Replicate{}), 8, 3);
+  const auto taller = make(mesh, Layout(Shard<0>{}), 9, 3);
+  expect_collective_refusal(
+      "layout", {"the placement of the matrix on mesh dimension 0 differs between ranks"},
+      [&](bool here) {
+        if (here)
+          (void)kshard::gather(replicated);
+        else
+          (void)kshard::gather(by_rows);
+      },
+      {watch(by_rows), watch(replicated)}, one_rank_only);
+  expect_collective_refusal(
+      "shape", {"the number of rows of the matrix differs between ranks: 8 on rank 0, 9"},
+      [&](bool here) { (void)kshard::gather(here ? taller : by_rows); },
+      {watch(by_rows), watch(taller)}, one_rank_only);
+}
+
+TEST(Mismatch, RedistributeTargetsAndSources) {
+  const int size = world_size();
+  kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size});
+  const auto m = make(mesh, Layout(Shard<0>{}), 8, 3);
+  const auto wide = make(mesh, Layout(Shard<0>{}), 8, 4);
+  expect_collective_refusal(
+      "target layout type", {"the placement of the target on mesh dimension 0 differs"},
+      [&](bool here) {
+        if (here)
+          (void)kshard::redistribute(m, Layout(Shard<1>{}));
+        else
+          (void)kshard::redistribute(m, Layout(Replicate{}));
+      },
+      {watch(m)}, one_rank_only);
+  expect_collective_refusal(
+      "source", {"the number of columns of the matrix differs between ranks: 3 on rank 0, 4"},
+      [&](bool here) { (void)kshard::redistribute(here ? wide : m, Layout(Replicate{})); },
+      {watch(m), watch(wide)}, one_rank_only);
+  const kshard::Mesh<2> flat(MPI_COMM_WORLD, {1, size});
+  const kshard::Mesh<2> tall(MPI_COMM_WORLD, {size, 1});
+  expect_collective_refusal(
+      "target mesh", {"the extent of target mesh dimension 0 differs between ranks"},
+      [&](bool here) {
+        (void)kshard::redistribute(m, here ? tall : flat, Layout(Replicate{}, Shard<0>{}));
+      },
+      {watch(m)}, one_rank_only);
+  const Matrix<float, Layout<Replicate>> everywhere(mesh, {}, 8, 3);
+  const Matrix<float, Layout<Shard<1>>> by_columns(mesh, {}, 8, 3);
+  expect_collective_refusal(
+      "redistribute_into target", {"the placement of the target on mesh dimension 0 differs"},
+      [&](bool here) {
+        if (here)
+          kshard::redistribute_into(m, by_columns);
+        else
+          kshard::redistribute_into(m, everywhere);
+      },
+      {watch(m), watch(everywhere), watch(by_columns)}, one_rank_only);
+}
+
+TEST(Mismatch, RepairConfigAndKeptRows) {
+  kshard::Mesh<1> mesh(MPI_COMM_WORLD, {world_size()});
+  auto input_full = kshard::test::reference_matrix<float>(10, 4, 7);
+  for (std::size_t c = 0; c < 4; ++c) input_full(1, c) = 0.0f;
+  const auto input = kshard::distribute<ExecSpace, MemSpace>(
+      mesh, Layout(Shard<0>{}), kshard::HostMatrix<const float>(input_full));
+  const auto output = make(mesh, Layout(Shard<0>{}), 10, 4, 8);
+  const kshard::RepairConfig config(true, 1e-4, 4);
+  const std::vector<kshard::test::Watched> both{watch(input), watch(output)};
+  // The hang: a disabled config returned before the agreement on some ranks.
+  expect_collective_refusal(
+      "enabled", {"RepairConfig::enabled() differs between ranks: 1 on rank 0, 0 on another"},
+      [&](bool here) {
+        (void)kshard::repair_embedding_rows(input, output, kshard::RepairConfig(!here, 1e-4, 4));
+      },
+      both, one_rank_only);
+  expect_collective_refusal(
+      "max_rows", {"RepairConfig::max_rows() differs between ranks: 4 on rank 0, 5"},
+      [&](bool here) {
+        (void)kshard::repair_embedding_rows(input, output,
+                                            kshard::RepairConfig(true, 1e-4, here ? 5 : 4));
+      },
+      both, one_rank_only);
+  expect_collective_refusal(
+      "kept rows", {"the list of kept row ids differs between ranks: [1] on rank 0"},
+      [&](bool here) {
+        (void)kshard::repair_embedding_rows(input, output, config.keep_rows({here ? 2 : 1}));
+      },
+      both, one_rank_only);
+  expect_collective_refusal(
+      "kept row out of range", {"kept row 10 is out of range for a matrix of 10 rows"},
+      [&](bool here) {
+        (void)kshard::repair_embedding_rows(input, output, config.keep_rows({here ? 10 : -10}));
+      },
+      both);
+  const auto mean = kshard::RepairConfig(true, 1e-4, 4, kshard::RepairStrategy::mean_direction);
+  expect_collective_refusal(
+      "output given", {"whether an output embedding is given differs between ranks"},
+      [&](bool here) {
+        if (here)
+          (void)kshard::repair_embedding_rows(input, mean);
+        else
+          (void)kshard::repair_embedding_rows(input, output, mean);
+      },
+      both, one_rank_only);
+}
+
+TEST(Mismatch, LookupIdsWithinATpGroup) {
+  const int size = world_size();
+  kshard::Mesh<2> mesh(MPI_COMM_WORLD, {1, size}, {"dp", "tp"});
+  const auto table = make(mesh, Layout(Replicate{}, Shard<0>{}), 11, 4);
+  // The case: one rank of the tp group looks up another number of ids.
+  expect_collective_refusal(
+      "count",
+      {"the number of token ids differs between the ranks of a tp group: 3 on rank 0, 4 on "
+       "another"},
+      [&](bool here) {
+        (void)kshard::vocab_parallel_lookup(table,
+                                            ids_of(here ? std::vector<std::int64_t>{1, 2, 3, 4}
+                                                        : std::vector<std::int64_t>{1, 2, 3}),
+                                            1);
+      },
+      {watch(table)}, one_rank_only);
+  expect_collective_refusal(
+      "values", {"the list of token ids differs between the ranks of a tp group"},
+      [&](bool here) {
+        (void)kshard::vocab_parallel_lookup(table, ids_of({1, here ? 7 : 2, 3}), 1);
+      },
+      {watch(table)}, one_rank_only);
+  expect_collective_refusal(
+      "same ids, another order", {"the list of token ids differs"},
+      [&](bool here) {
+        (void)kshard::vocab_parallel_lookup(
+            table, ids_of(here ? std::vector<std::int64_t>{3, 1} : std::vector<std::int64_t>{1, 3}),
+            1);
+      },
+      {watch(table)}, one_rank_only);
+  expect_collective_refusal(
+      "tp_dim", {"does not shard tensor dimension 0 over mesh dimension 0 ('dp')"},
+      [&](bool here) { (void)kshard::vocab_parallel_lookup(table, ids_of({1}), here ? 0 : 1); },
+      {watch(table)}, one_rank_only);
+}
+
+// Different tp groups (different dp coordinates) may look up different numbers of ids: each
+// group's rows must still be right.
+TEST(Mismatch, LookupCountsMayDifferBetweenDpGroups) {
+  const auto mesh = kshard::test::dp_tp_mesh();
+  const auto full = kshard::test::reference_matrix<float>(11, 4, 5);
+  const auto table = kshard::distribute<ExecSpace, MemSpace>(mesh, Layout(Replicate{}, Shard<0>{}),
+                                                             kshard::HostMatrix<const float>(full));
+  const std::vector<std::int64_t> ids = mesh.coords()[0] == 0
+                                            ? std::vector<std::int64_t>{10, 0, 3}
+                                            : std::vector<std::int64_t>{4, 4, 9, 1, 2};
+  const auto got = Kokkos::create_mirror_view_and_copy(
+      Kokkos::HostSpace(), kshard::vocab_parallel_lookup(table, ids_of(ids), 1));
+  bool ok = got.extent(0) == ids.size();
+  for (std::size_t i = 0; ok && i < ids.size(); ++i)
+    for (std::size_t j = 0; j < 4; ++j)
+      ok = ok && got(i, j) == full(static_cast<std::size_t>(ids[i]), j);
+  EXPECT_TRUE(all_ranks(ok));
+}
+
+TEST(Mismatch, LinearLayerTokenCountsAndBias) {
+  const int size = world_size();
+  kshard::Mesh<2> mesh(MPI_COMM_WORLD, {1, size}, {"dp", "tp"});
+  const auto row_weight = make(mesh, Layout(Replicate{}, Shard<1>{}), 6, 5);
+  const auto column_weight = make(mesh, Layout(Replicate{}, Shard<0>{}), 6, 5);
+  const auto in_local = static_cast<std::size_t>(row_weight.mapping().cols.local_extent());
+  const auto out_local = static_cast<std::size_t>(column_weight.mapping().rows.local_extent());
+  const Kokkos::View<float*, MemSpace> bias("bias", 6);
+  expect_collective_refusal(
+      "row-parallel tokens",
+      {"the number of rows of x_local (tokens) differs between the ranks of a tp group: 3 on "
+       "rank 0, 2"},
+      [&](bool here) {
+        (void)kshard::row_parallel_linear(row_weight, DeviceMatrix("x", here ? 2 : 3, in_local), 1);
+      },
+      {watch(row_weight)}, one_rank_only);
+  expect_collective_refusal(
+      "row-parallel bias", {"whether a bias is given differs between ranks"},
+      [&](bool here) {
+        const DeviceMatrix x("x", 3, in_local);
+        if (here)
+          (void)kshard::row_parallel_linear(row_weight, x, 1);
+        else
+          (void)kshard::row_parallel_linear(row_weight, x, bias, 1);
+      },
+      {watch(row_weight)}, one_rank_only);
+  auto grad = make(mesh, Layout(Replicate{}, Shard<0>{}), 6, 5, 3);
+  expect_collective_refusal(
+      "column-parallel backward tokens",
+      {"the number of rows of x (tokens) differs between the ranks of a tp group: 3 on rank 0, 4"},
+      [&](bool here) {
+        const index_t n = here ? 4 : 3;
+        (void)kshard::column_parallel_linear_backward(column_weight, DeviceMatrix("x", n, 5),
+                                                      DeviceMatrix("gy", n, out_local), grad, 1);
+      },
+      {watch(column_weight), watch(grad)}, one_rank_only);
+}
+
+TEST(Overflow, SizesPastInt64AreRefusedBeforeAllocating) {
+  const int size = world_size();
+  kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size});
+  const index_t two_32 = index_t{1} << 32;
+  const index_t two_31 = index_t{1} << 31;
+  const std::vector<std::string> limit{"more than the limit of 9223372036854775807 bytes",
+                                       "differs between ranks"};
+  expect_collective_refusal("2^32 x 2^32 float, rows sharded", limit, [&](bool here) {
+    Matrix<float, Layout<Shard<0>>> m(mesh, {}, here ? two_32 : 8, here ? two_32 : 3);
+  });
+  expect_collective_refusal("2^31 x 2^31 float, replicated", limit, [&](bool here) {
+    Matrix<float, Layout<Replicate>> m(mesh, {}, here ? two_31 : 8, here ? two_31 : 3);
+  });
+  expect_collective_refusal("INT64_MAX rows", limit, [&](bool here) {
+    Matrix<float, Layout<Shard<0>>> m(mesh, {}, here ? int64_max : 8, 1);
+  });
+  // Representable but far beyond memory: every rank refuses, none is left waiting.
+  expect_collective_refusal(
+      "2^31 x 2^31 float, rows sharded", {"more than the limit", "failed", "differs between ranks"},
+      [&](bool here) {
+        Matrix<float, Layout<Shard<0>>> m(mesh, {}, here ? two_31 : 8, here ? two_31 : 3);
+      });
+  // Extreme but valid: split factors and extents at INT64_MAX map exactly.
+  const auto strided = make(mesh, Layout(StridedShard<0>{int64_max}), 10, 3);
+  const auto full = kshard::test::reference_matrix<float>(10, 3, 1);
+  const auto back = kshard::gather(strided);
+  bool same = true;
+  for (std::size_t r = 0; r < 10; ++r)
+    for (std::size_t c = 0; c < 3; ++c) same = same && back(r, c) == full(r, c);
+  EXPECT_TRUE(all_ranks(same));
+  const Matrix<float, Layout<Shard<0>>> empty_columns(mesh, {}, int64_max, 0);
+  index_t rows = 0;
+  const index_t mine = empty_columns.mapping().rows.local_extent();
+  MPI_Allreduce(&mine, &rows, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_EQ(rows, int64_max);
+  EXPECT_FALSE(kshard::zero_row(empty_columns, -1));
+}
+
+}  // namespace
