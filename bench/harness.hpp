@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <kshard/log.hpp>
+#include <kshard/watchdog.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -116,6 +117,16 @@ template <class Case, class Baseline>
 Paired time_paired(MPI_Comm comm, int repetitions, Case&& run_case, Baseline&& run_baseline) {
   return time_paired(
       comm, repetitions, [] {}, run_case, run_baseline);
+}
+
+// `run` with the collective watchdog on (its collectives polled), to time against `run` alone.
+template <class Run>
+auto watched(Run run) {
+  return [run] {
+    kshard::set_collective_timeout(600);
+    run();
+    kshard::set_collective_timeout(0);
+  };
 }
 
 // Peak resident set size of the largest rank of `comm`, in MiB (Linux; collective).

@@ -122,11 +122,7 @@ void shard_to_replicate(kshard::bench::Report& report, const kshard::Mesh<1>& me
 
   // The same redistribute_into with the collective watchdog on (its collectives polled) against
   // it off.
-  const auto watched_into_call = [&] {
-    kshard::set_collective_timeout(600);
-    into_call();
-    kshard::set_collective_timeout(0);
-  };
+  const auto watched_into_call = kshard::bench::watched(into_call);
   const auto t_watchdog = kshard::bench::time_paired(comm, reps, watched_into_call, into_call);
   watched_into_call();
   verify(persistent, comm, "Shard<0> -> Replicate into a persistent matrix under the watchdog");

@@ -129,11 +129,7 @@ void run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t voc
                                             [&] { plain_lookup(table, ids, plain, comm); });
   if (!same(reused, plain)) throw std::runtime_error("tp_bench: lookup differs from the baseline");
   // The same lookup with the collective watchdog on (its collectives polled) against it off.
-  const auto watched_lookup = [&] {
-    kshard::set_collective_timeout(600);
-    lookup();
-    kshard::set_collective_timeout(0);
-  };
+  const auto watched_lookup = kshard::bench::watched(lookup);
   const auto t_watchdog = kshard::bench::time_paired(comm, reps, watched_lookup, lookup);
   watched_lookup();
   if (!same(reused, plain))

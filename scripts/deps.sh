@@ -6,8 +6,10 @@
 KSHARD_DEBIAN_PACKAGES=(
   cmake ninja-build g++ clang clang-format libclang-rt-14-dev
   libtrilinos-kokkos-dev libopenmpi-dev openmpi-bin libfmt-dev
-  libgtest-dev libbenchmark-dev doxygen
+  libgtest-dev libbenchmark-dev doxygen nlohmann-json3-dev
 )
+# The reference implementation the checkpoint tests compare with (PyPI).
+KSHARD_PYTHON_PACKAGES=(safetensors numpy)
 
 # Where the OpenMP Kokkos lives: outside the clone so a fresh clone reuses it.
 : "${KSHARD_DEPS_PREFIX:=${XDG_CACHE_HOME:-$HOME/.cache}/kshard}"
@@ -93,20 +95,39 @@ kshard_check_format() {
   clang-format --dry-run --Werror "${files[@]}"
 }
 
-# Builds the layout-mapping fuzzer with clang and runs it for $1 seconds over the committed
-# corpus (new inputs go to a scratch directory, so the clone stays clean).
+# Installs the Python packages the tests compare with, unless python3 already imports them.
+kshard_install_python_packages() {
+  python3 -c "import $(IFS=,; echo "$*")" 2>/dev/null && return 0
+  kshard_log "installing Python packages: $*"
+  python3 -m pip install -q "$@" 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages "$@" ||
+    kshard_log "could not install $*: the tests that compare with them are skipped"
+}
+
+# Builds the fuzzers with clang and runs each for $1 seconds over its committed corpus (new
+# inputs go to a scratch directory, so the clone stays clean): the layout-mapping arithmetic,
+# and the safetensors header reader (untrusted files: at most 64 MB allocated per input).
 kshard_fuzz() {
-  local seconds=$1 scratch log
+  local seconds=$1
   CXX=clang++ cmake -S tests/fuzz -B build/fuzz -G Ninja >/dev/null
   cmake --build build/fuzz >/dev/null
+  kshard_run_fuzzer "$seconds" layout_mapping_fuzz tests/fuzz/corpus &&
+    kshard_run_fuzzer "$seconds" safetensors_header_fuzz tests/fuzz/safetensors_corpus \
+      -max_len=65536 -rss_limit_mb=512 -malloc_limit_mb=64 -dict=tests/fuzz/safetensors_header.dict
+}
+
+# kshard_run_fuzzer SECONDS NAME CORPUS [FLAGS...]
+kshard_run_fuzzer() {
+  local seconds=$1 name=$2 corpus=$3 scratch log
+  shift 3
   scratch=$(mktemp -d)
   log="$scratch/fuzz.log"
-  if ! build/fuzz/layout_mapping_fuzz -max_total_time="$seconds" -print_final_stats=1 \
-      "$scratch" tests/fuzz/corpus >"$log" 2>&1; then
+  if ! "build/fuzz/$name" -max_total_time="$seconds" -print_final_stats=1 "$@" \
+      "$scratch" "$corpus" >"$log" 2>&1; then
     tail -n 40 "$log"
-    kshard_log "the layout-mapping fuzzer found a failure (crash input in the current directory)"
+    kshard_log "$name found a failure (crash input in the current directory)"
     return 1
   fi
-  grep -E '^Done|stat::number_of_executed_units' "$log"
+  kshard_log "$name: $(grep -E 'stat::number_of_executed_units' "$log")"
   rm -rf "$scratch"
 }

@@ -54,10 +54,10 @@ class Mesh {
     s.comm = detail::Communicator::duplicate(comm);
     detail::check_mpi(MPI_Comm_set_errhandler(s.comm.get(), MPI_ERRORS_RETURN),
                       "MPI_Comm_set_errhandler");
+    s.comm.set_name("the whole mesh");
     s.size = detail::comm_size(s.comm.get());
     s.rank = detail::comm_rank(s.comm.get());
     agree_on_shape(s.comm.get(), shape, names, s.size);
-    s.comm.set_name("the whole mesh");
     s.coords = coords_of(s.rank);
     for (std::size_t m = 0; m < N; ++m) {
       // Ranks that differ only in coordinate m share a colour: the linear index of the others.

@@ -429,7 +429,8 @@ std::optional<std::string> check_same_communicator(const Mesh<N>& mesh, const Me
 /// elsewhere, `max`/`min`/`avg` keep it everywhere.
 ///
 /// Errors (the same `kshard::error` on every rank, before anything is allocated or sent): a
-/// target split factor < 1 or differing between ranks, a shard too large for one MPI message.
+/// target split factor < 1, a matrix or target layout that differs between ranks (type,
+/// placements, split factors), a shard too large for one MPI message.
 /// `comm_stats()` counts the data this rank sends; the few bytes of the argument checks are
 /// left out of `bytes_sent`. In a loop, `redistribute_into` reuses the target's storage.
 template <class LT, class T, class L, class E, class S>
@@ -478,7 +479,8 @@ template <class LT, class T, class L, class E, class S, std::size_t NT>
 /// per call would also pay for fresh pages.
 ///
 /// Errors (the same `kshard::error` on every rank, nothing written): different global shapes,
-/// meshes over different communicators, or shards that share memory on any rank.
+/// meshes over different communicators, shards that share memory on any rank, or a matrix or
+/// target that differs between ranks (element type, shape, layout, mesh shape).
 template <class T, class L, class LT, class E, class S>
 void redistribute_into(const DistMatrix<T, L, E, S>& matrix,
                        const DistMatrix<T, LT, E, S>& target) {

@@ -218,13 +218,9 @@ std::optional<std::string> output_problem(const In& input, const Out& output,
 inline std::optional<std::string> kept_rows_problem(const std::vector<index_t>& given, index_t rows,
                                                     std::vector<index_t>& kept) {
   for (const index_t id : given) {
-    const index_t wrapped = id < 0 ? id + rows : id;
-    if (wrapped < 0 || wrapped >= rows)
-      return fmt::format(
-          "kshard::repair_embedding_rows: kept row {} is out of range for a matrix of {} rows "
-          "(valid: -{} to {})",
-          id, rows, rows, rows - 1);
-    kept.push_back(wrapped);
+    if (auto problem = row_range_problem(id, rows, "repair_embedding_rows", "kept row"))
+      return problem;
+    kept.push_back(id < 0 ? id + rows : id);
   }
   std::sort(kept.begin(), kept.end());
   kept.erase(std::unique(kept.begin(), kept.end()), kept.end());

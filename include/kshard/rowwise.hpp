@@ -7,6 +7,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
@@ -20,16 +21,24 @@ namespace kshard {
 
 namespace detail {
 
+// Why global row `row` (negative: counted from the end) is not a row of a matrix of `rows`.
+inline std::optional<std::string> row_range_problem(index_t row, index_t rows, const char* who,
+                                                    const char* what = "row") {
+  const index_t wrapped = row < 0 ? row + rows : row;  // rows >= 0: cannot overflow
+  if (rows == 0)
+    return fmt::format("kshard::{}: {} {} is out of range: the matrix has no rows", who, what, row);
+  if (wrapped < 0 || wrapped >= rows)
+    return fmt::format(
+        "kshard::{}: {} {} is out of range for a matrix of {} rows (valid: -{} to {})", who, what,
+        row, rows, rows, rows - 1);
+  return std::nullopt;
+}
+
 // Global row `row`, with one wrap for negative values; throws (identically on every rank,
 // from global data only) when out of range.
 inline index_t wrap_row(index_t row, index_t rows, const char* who) {
-  const index_t wrapped = row < 0 ? row + rows : row;
-  if (wrapped < 0 || wrapped >= rows)
-    throw error(
-        fmt::format("kshard::{}: row {} is out of range for a matrix of {} rows "
-                    "(valid: -{} to {})",
-                    who, row, rows, rows, rows - 1));
-  return wrapped;
+  if (auto problem = row_range_problem(row, rows, who)) throw error(*problem);
+  return row < 0 ? row + rows : row;
 }
 
 // An element as the algorithms compute with it: in compute_type_t<T>, held in a double.

@@ -500,10 +500,13 @@ using tp_no_bias_t = Kokkos::View<typename W::value_type*, typename W::memory_sp
 /// dimension has extent 1) completes every row. Every element has exactly one non-zero addend,
 /// so scaling before the reduction is bit-for-bit scaling after it.
 ///
-/// Ids outside [0, V) and a wrongly shaped `out` are checked with one reduction over `ids` and
-/// one agreement over the whole mesh: every rank throws the same `kshard::error` naming the
-/// value, before anything is communicated or written. Communication: that agreement (one `int`)
-/// plus the all-reduce. Use this form in a training loop to reuse one output buffer.
+/// Ids outside [0, V) and a wrongly shaped `out` are checked with two reductions over `ids`
+/// (range and a digest); the number of ids and their digest are agreed within the tp group
+/// (ranks of different dp groups may look up different ids), then the table, `tp_dim` and every
+/// rank's findings over the whole mesh: every rank throws the same `kshard::error` naming the
+/// value, before anything is communicated or written. Communication: those two fixed-size
+/// agreements (one when the tp dimension has extent 1) plus the all-reduce. Use this form in a
+/// training loop to reuse one output buffer.
 template <ValuedMatrix M, class IdView, detail::KokkosView OutView>
 void vocab_parallel_lookup(const M& table, const IdView& ids, const OutView& out,
                            std::size_t tp_dim, double scale = 1.0) {
@@ -768,8 +771,9 @@ void copy_to_tp_backward(const Mesh<N>& mesh, std::size_t tp_dim, const View& gr
 /// only (`Shard<1>` or `StridedShard<1>`), float or double. `x_local` is `[N, in_local]`: this
 /// rank's input features, in the order of `weight.mapping().cols` (the output of a
 /// column-parallel layer whose weight rows are split the same way, for example). `bias` is the
-/// replicated `[out]` bias, added once, after the reduction. One agreement over the mesh on the
-/// shapes (a wrong shape on any rank is the same `kshard::error` everywhere), then one all-reduce
+/// replicated `[out]` bias, added once, after the reduction. An agreement within the tp group on
+/// N, then one over the mesh on the weight, `tp_dim`, the bias's presence and the shapes (a wrong
+/// or differing value on any rank is the same `kshard::error` everywhere), then one all-reduce
 /// of N x out elements over `mesh.dim_comm(tp_dim)` (none when that dimension has extent 1).
 template <ValuedMatrix W, class X, class B>
 detail::tp_matrix_view_t<W> row_parallel_linear(const W& weight, const X& x_local, const B& bias,
@@ -834,9 +838,10 @@ detail::tp_matrix_view_t<W> column_parallel_linear(const W& weight, const X& x,
 /// `grad_y_local` `[N, out_local]`: returns the replicated `grad_x = allreduce_tp(grad_y_local *
 /// W_local)` `[N, in]`, adds `grad_y_local^T * x` to `grad_weight`'s local shard (laid out like
 /// `weight`, on the same mesh) and the column sums of `grad_y_local` to `grad_bias_local`
-/// `[out_local]`. One agreement over the mesh on the shapes (the same `kshard::error` on every
-/// rank, before anything is written), then one all-reduce of N x in elements over
-/// `mesh.dim_comm(tp_dim)` (none when that dimension has extent 1).
+/// `[out_local]`. An agreement within the tp group on N, then one over the mesh on the weight,
+/// the gradient matrix, `tp_dim` and the shapes (the same `kshard::error` on every rank, before
+/// anything is written), then one all-reduce of N x in elements over `mesh.dim_comm(tp_dim)`
+/// (none when that dimension has extent 1).
 template <ValuedMatrix W, ValuedMatrix G, class X, class GY, class GB>
 detail::tp_matrix_view_t<W> column_parallel_linear_backward(const W& weight, const X& x,
                                                             const GY& grad_y_local,

@@ -87,6 +87,10 @@ TEST(BadInput, ZeroRowOutOfRange) {
   expect_local_refusal("row < -V", "row -7 is out of range",
                        [&](bool here) { kshard::zero_row(m, here ? -7 : 1); });
   EXPECT_TRUE(all_ranks(before == checksum(m)));
+  const auto empty = make(mesh, table(0, 4));
+  expect_local_refusal("no rows", "row 0 is out of range: the matrix has no rows", [&](bool here) {
+    if (here) kshard::zero_row(empty, 0);
+  });
 }
 
 TEST(BadInput, RepairConfigAndArguments) {
