@@ -9,7 +9,8 @@
 ///
 /// Set it for a whole job with the environment variable `KSHARD_COLLECTIVE_TIMEOUT` (seconds,
 /// read once per process; unset, empty or 0: off), or with set_collective_timeout(). Off, it
-/// costs one branch per collective; on, each rank polls its collective (see docs/watchdog.md).
+/// costs one branch per collective; on, a thread per process watches the collective in flight
+/// (docs/design.md, section 9).
 
 #include <cmath>
 

@@ -105,9 +105,10 @@ TEST_F(Watchdog, GatherUnderTheWatchdogGivesTheSameMatrix) {
   const auto matrix = kshard::distribute(mesh, kshard::Layout(kshard::Shard<0>{}),
                                          kshard::HostMatrix<const double>(full));
   kshard::set_collective_timeout(60);
-  const auto watched_before = kshard::detail::watched_collectives;
+  auto& watchdog = kshard::detail::Watchdog::instance();
+  const auto watched_before = watchdog.completed();
   const auto back = kshard::gather(matrix);
-  EXPECT_GT(kshard::detail::watched_collectives, watched_before);  // through the polling path
+  EXPECT_GT(watchdog.completed(), watched_before);  // watched by the watchdog thread
   for (std::size_t r = 0; r < full.extent(0); ++r)
     for (std::size_t c = 0; c < full.extent(1); ++c) EXPECT_EQ(back(r, c), full(r, c));
 }

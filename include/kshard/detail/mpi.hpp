@@ -80,54 +80,29 @@ inline void count_collective(std::int64_t bytes) {
   comm_stats().bytes_sent += bytes;
 }
 
-// Runs one collective: `blocking()`, or, under the watchdog (kshard/watchdog.hpp), its
-// non-blocking form `start(&request)` and a wait with a deadline. Both return MPI's error code.
-template <class Blocking, class Start>
-void run_collective(const char* call, MPI_Comm comm, Blocking&& blocking, Start&& start) {
-  if (!watchdog_on()) {
-    check_mpi(blocking(), call);
-    return;
-  }
-  MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(start(&request), call);
-  check_mpi(complete(request, call, comm), call);
-}
-
 template <class T>
 void allreduce(T* data, int count, MPI_Op op, MPI_Comm comm) {
   count_collective(static_cast<std::int64_t>(count) * static_cast<std::int64_t>(sizeof(T)));
-  const MPI_Datatype type = mpi_datatype<T>();
-  run_collective(
-      "MPI_Allreduce", comm,
-      [&] { return MPI_Allreduce(MPI_IN_PLACE, data, count, type, op, comm); },
-      [&](MPI_Request* request) {
-        return MPI_Iallreduce(MPI_IN_PLACE, data, count, type, op, comm, request);
-      });
+  const WatchedCollective watched("MPI_Allreduce", comm);
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, count, mpi_datatype<T>(), op, comm), "MPI_Allreduce");
 }
 
 template <class T>
 void allgather(const T* send, int count, T* recv, MPI_Comm comm) {
   count_collective(static_cast<std::int64_t>(count) * static_cast<std::int64_t>(sizeof(T)));
-  const MPI_Datatype type = mpi_datatype<T>();
-  run_collective(
-      "MPI_Allgather", comm,
-      [&] { return MPI_Allgather(send, count, type, recv, count, type, comm); },
-      [&](MPI_Request* request) {
-        return MPI_Iallgather(send, count, type, recv, count, type, comm, request);
-      });
+  const WatchedCollective watched("MPI_Allgather", comm);
+  check_mpi(MPI_Allgather(send, count, mpi_datatype<T>(), recv, count, mpi_datatype<T>(), comm),
+            "MPI_Allgather");
 }
 
 template <class T>
 void allgatherv(const T* send, int count, T* recv, const int* counts, const int* displs,
                 MPI_Comm comm) {
   count_collective(static_cast<std::int64_t>(count) * static_cast<std::int64_t>(sizeof(T)));
-  const MPI_Datatype type = mpi_datatype<T>();
-  run_collective(
-      "MPI_Allgatherv", comm,
-      [&] { return MPI_Allgatherv(send, count, type, recv, counts, displs, type, comm); },
-      [&](MPI_Request* request) {
-        return MPI_Iallgatherv(send, count, type, recv, counts, displs, type, comm, request);
-      });
+  const WatchedCollective watched("MPI_Allgatherv", comm);
+  check_mpi(
+      MPI_Allgatherv(send, count, mpi_datatype<T>(), recv, counts, displs, mpi_datatype<T>(), comm),
+      "MPI_Allgatherv");
 }
 
 template <class T>
@@ -135,10 +110,8 @@ void broadcast(T* data, int count, int root, MPI_Comm comm) {
   count_collective(comm_rank(comm) == root
                        ? static_cast<std::int64_t>(count) * static_cast<std::int64_t>(sizeof(T))
                        : 0);
-  const MPI_Datatype type = mpi_datatype<T>();
-  run_collective(
-      "MPI_Bcast", comm, [&] { return MPI_Bcast(data, count, type, root, comm); },
-      [&](MPI_Request* request) { return MPI_Ibcast(data, count, type, root, comm, request); });
+  const WatchedCollective watched("MPI_Bcast", comm);
+  check_mpi(MPI_Bcast(data, count, mpi_datatype<T>(), root, comm), "MPI_Bcast");
 }
 
 // Personalised all-to-all. Counted: the payload this rank sends to the other ranks (what it
@@ -152,17 +125,10 @@ void alltoallv(const T* send, const int* send_counts, const int* send_displs, T*
   for (int r = 0; r < size; ++r)
     if (r != self) elements += send_counts[r];
   count_collective(elements * static_cast<std::int64_t>(sizeof(T)));
-  const MPI_Datatype type = mpi_datatype<T>();
-  run_collective(
-      "MPI_Alltoallv", comm,
-      [&] {
-        return MPI_Alltoallv(send, send_counts, send_displs, type, recv, recv_counts, recv_displs,
-                             type, comm);
-      },
-      [&](MPI_Request* request) {
-        return MPI_Ialltoallv(send, send_counts, send_displs, type, recv, recv_counts, recv_displs,
-                              type, comm, request);
-      });
+  const WatchedCollective watched("MPI_Alltoallv", comm);
+  check_mpi(MPI_Alltoallv(send, send_counts, send_displs, mpi_datatype<T>(), recv, recv_counts,
+                          recv_displs, mpi_datatype<T>(), comm),
+            "MPI_Alltoallv");
 }
 
 // Reduction of `send` (the blocks of every rank, in rank order, `recv_counts[r]` elements for
@@ -176,13 +142,9 @@ void reduce_scatter(const T* send, T* recv, const int* recv_counts, MPI_Op op, M
   for (int r = 0; r < size; ++r)
     if (r != self) elements += recv_counts[r];
   count_collective(elements * static_cast<std::int64_t>(sizeof(T)));
-  const MPI_Datatype type = mpi_datatype<T>();
-  run_collective(
-      "MPI_Reduce_scatter", comm,
-      [&] { return MPI_Reduce_scatter(send, recv, recv_counts, type, op, comm); },
-      [&](MPI_Request* request) {
-        return MPI_Ireduce_scatter(send, recv, recv_counts, type, op, comm, request);
-      });
+  const WatchedCollective watched("MPI_Reduce_scatter", comm);
+  check_mpi(MPI_Reduce_scatter(send, recv, recv_counts, mpi_datatype<T>(), op, comm),
+            "MPI_Reduce_scatter");
 }
 
 // True when `a` and `b` hold the same processes in the same order (MPI_IDENT or
