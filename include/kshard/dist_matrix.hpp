@@ -34,6 +34,17 @@ inline constexpr bool is_layout_v = false;
 template <class... Ps>
 inline constexpr bool is_layout_v<Layout<Ps...>> = true;
 
+namespace detail {
+// True when `rows x cols` elements of `T` take at most INT64_MAX bytes (the count is exact).
+template <class T>
+bool fits_in_bytes(index_t rows, index_t cols) {
+  index_t elements = 0;
+  index_t bytes = 0;
+  return !__builtin_mul_overflow(rows, cols, &elements) &&
+         !__builtin_mul_overflow(elements, static_cast<index_t>(sizeof(T)), &bytes);
+}
+}  // namespace detail
+
 /// A `rows x cols` matrix of `T` distributed over a mesh by layout `L`. The local shard is a
 /// row-major `Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>`; kernels over it run on
 /// `ExecSpace`. Copies share the local view (like Kokkos views) and the mesh.
@@ -146,10 +157,7 @@ class DistMatrix {
     const mapping_type mine = map_layout(actions, mesh_.shape(), mesh_.coords(), rows, cols);
     const index_t local_rows = mine.rows.local_extent();
     const index_t local_cols = mine.cols.local_extent();
-    index_t elements = 0;
-    index_t bytes = 0;
-    if (__builtin_mul_overflow(local_rows, local_cols, &elements) ||
-        __builtin_mul_overflow(elements, static_cast<index_t>(sizeof(T)), &bytes))
+    if (!detail::fits_in_bytes<T>(local_rows, local_cols))
       return fmt::format(
           "kshard: the {} x {} shard of the {} x {} DistMatrix on rank {} needs {} x {} elements "
           "of {} bytes, more than the limit of {} bytes",

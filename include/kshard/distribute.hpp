@@ -83,10 +83,7 @@ HostMatrix<T> gather(const DistMatrix<T, L, E, S>& matrix) {
   const auto& mesh = matrix.mesh();
   detail::Agreement agreement(mesh.comm());
   detail::same_matrix(agreement, matrix, "the matrix");
-  index_t elements = 0;
-  index_t bytes = 0;
-  if (__builtin_mul_overflow(matrix.rows(), matrix.cols(), &elements) ||
-      __builtin_mul_overflow(elements, static_cast<index_t>(sizeof(T)), &bytes))
+  if (!detail::fits_in_bytes<T>(matrix.rows(), matrix.cols()))
     agreement.problem(fmt::format(
         "kshard::gather: the whole {} x {} matrix of {}-byte elements needs more than the limit "
         "of {} bytes on every rank",

@@ -510,9 +510,9 @@ void redistribute_into(const DistMatrix<T, L, E, S>& matrix,
           mesh.my_rank());
     else
       problem = detail::check_same_communicator(mesh, target_mesh, "matrix's mesh");
-    auto agreement = detail::redistribute_agreement(matrix, target_mesh, target.layout());
-    detail::same_matrix(agreement, target, "the target");
-    agreement.problem(problem).settle();
+    // The target's shape is checked against the agreed matrix's on each rank, its layout and
+    // mesh are agreed on: together, the whole target.
+    detail::redistribute_agreement(matrix, target_mesh, target.layout()).problem(problem).settle();
     if constexpr (N == NT) {
       if (same_mesh) on_mesh.emplace(matrix, target.layout());
     }

@@ -122,11 +122,8 @@ std::optional<std::string> placement_problem(const P& param, const G& grad, cons
   if (!(grad.layout() == param.layout()))
     return fmt::format("kshard::{}: {} has layout {} but the weight has {}", who, what,
                        grad.layout(), param.layout());
-  int comparison = MPI_UNEQUAL;
-  check_mpi(MPI_Comm_compare(param.mesh().comm(), grad.mesh().comm(), &comparison),
-            "MPI_Comm_compare");
   if (param.mesh().shape() != grad.mesh().shape() ||
-      (comparison != MPI_IDENT && comparison != MPI_CONGRUENT))
+      !congruent(param.mesh().comm(), grad.mesh().comm()))
     return fmt::format("kshard::{}: {} is on {} but the weight is on {}, not the same mesh", who,
                        what, grad.mesh(), param.mesh());
   return std::nullopt;
@@ -460,9 +457,9 @@ tp_matrix_view_t<W> column_backward(const W& weight, const X& x, const GY& grad_
         out_local);
   if (!problem) problem = tp_dim_problem(weight, tp_dim, 0, who, "weight");
   if (!problem) problem = placement_problem(weight, grad_weight, who, "grad_weight");
-  Agreement agreement = tp_agreement(weight, "the weight", tp_dim);
-  same_matrix(agreement, grad_weight, "grad_weight");
-  agreement.same("whether grad_bias_local is given", grad_bias_local != nullptr)
+  // grad_weight is checked against the agreed weight on each rank (placement_problem).
+  tp_agreement(weight, "the weight", tp_dim)
+      .same("whether grad_bias_local is given", grad_bias_local != nullptr)
       .problem(group)
       .problem(problem)
       .settle();

@@ -59,6 +59,28 @@ Ids ids_of(const std::vector<std::int64_t>& values) {
   return ids;
 }
 
+// An agreement compares every value it is given: each in a slot of its own up to its capacity,
+// the rest folded into one digest. A value differing on one rank is found wherever it stands.
+TEST(Mismatch, AgreementComparesEveryValue) {
+  constexpr std::size_t capacity = kshard::detail::Agreement::capacity;
+  constexpr std::size_t values = capacity + 10;
+  for (const std::size_t differing : {std::size_t{0}, capacity - 4, capacity - 3, values - 1}) {
+    const bool own_slot = differing + 3 < capacity;
+    expect_collective_refusal(
+        fmt::format("value {} of {}", differing, values),
+        {own_slot
+             ? fmt::format("value {} differs between ranks: 0 on rank 0, 1 on another", differing)
+             : std::string("the ranks passed different arguments")},
+        [&](bool here) {
+          kshard::detail::Agreement agreement(MPI_COMM_WORLD);
+          for (std::size_t i = 0; i < values; ++i)
+            agreement.same(fmt::format("value {}", i), here && i == differing ? 1 : 0);
+          agreement.settle();
+        },
+        {}, one_rank_only);
+  }
+}
+
 TEST(Mismatch, MeshRankNamesAndCommunicator) {
   const int size = world_size();
   expect_collective_refusal(

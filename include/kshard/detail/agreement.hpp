@@ -67,7 +67,7 @@ class Agreement {
   // `value` must be the same on every rank; `what` names it in the error ("the number of rows"),
   // `render` shows a value there (an empty text: the message shows no values).
   Agreement& same(std::string what, std::int64_t value, Render render = render_number) {
-    if (values_.size() + 2 < capacity)
+    if (values_.size() + 3 < capacity)  // slots 1 .. capacity - 3
       values_.push_back({std::move(what), value, std::move(render)});
     else
       overflow_.add(value);
