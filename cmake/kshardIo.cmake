@@ -21,7 +21,7 @@ if(KSHARD_BUILD_IO)
   target_include_directories(kshard_io INTERFACE $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
                                                  $<INSTALL_INTERFACE:include>)
   target_compile_features(kshard_io INTERFACE cxx_std_20)
-  target_link_libraries(kshard_io INTERFACE nlohmann_json::nlohmann_json)
+  target_link_libraries(kshard_io INTERFACE kshard nlohmann_json::nlohmann_json)
   message(STATUS "kshard: kshard::io on (nlohmann_json ${nlohmann_json_VERSION})")
   if(KSHARD_INSTALL)
     # The headers are installed with include/kshard; kshardConfig.cmake finds nlohmann_json.

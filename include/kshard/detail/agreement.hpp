@@ -197,6 +197,14 @@ inline void agree(MPI_Comm comm, std::optional<std::string> local_problem) {
 
 // ----- How arguments are described for agreement -------------------------------------------
 
+// `text` must be the same on every rank; compared as a digest, quoted in the message.
+inline void same_text(Agreement& agreement, std::string what, const std::string& text) {
+  const std::int64_t mine = Digest().add(text).value();
+  agreement.same(std::move(what), mine, [mine, text](std::int64_t v) {
+    return v == mine ? fmt::format("'{}'", text) : std::string("another");
+  });
+}
+
 // A code per element type, so that float and int32 (both 4 bytes) differ.
 template <class T>
 constexpr std::int64_t type_code() {

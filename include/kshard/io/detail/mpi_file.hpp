@@ -1,0 +1,199 @@
+#pragma once
+
+// MPI-IO for kshard::io: an owning file handle, owning datatypes, and the datatype that selects
+// one rank's shard inside a row-major tensor on disk. Every call is checked and its bytes are
+// counted in io_stats(). The only place where kshard::io calls MPI-IO.
+
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kshard/detail/mpi.hpp"
+#include "kshard/error.hpp"
+#include "kshard/index.hpp"
+#include "kshard/io/io_stats.hpp"
+#include "kshard/layout_mapping.hpp"
+
+namespace kshard::io::detail {
+
+using kshard::detail::check_mpi;
+
+// Owns a committed MPI datatype.
+class Datatype {
+ public:
+  Datatype() = default;
+  explicit Datatype(MPI_Datatype type) : type_(type) {
+    check_mpi(MPI_Type_commit(&type_), "MPI_Type_commit");
+  }
+  Datatype(Datatype&& other) noexcept : type_(std::exchange(other.type_, MPI_DATATYPE_NULL)) {}
+  Datatype& operator=(Datatype&& other) noexcept {
+    std::swap(type_, other.type_);
+    return *this;
+  }
+  Datatype(const Datatype&) = delete;
+  Datatype& operator=(const Datatype&) = delete;
+  ~Datatype() {
+    if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
+  }
+  [[nodiscard]] MPI_Datatype get() const { return type_; }
+
+ private:
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+};
+
+// An int count for MPI, or an error naming what is too long.
+inline int checked_int(index_t value, const char* what) {
+  if (value < 0 || value > INT_MAX)
+    throw error(fmt::format("kshard::io: {} is {}; one MPI-IO call takes at most {}", what, value,
+                            INT_MAX));
+  return static_cast<int>(value);
+}
+
+// `count` consecutive elements of `element_bytes` bytes each.
+inline MPI_Datatype contiguous_bytes(index_t count, int element_bytes) {
+  MPI_Datatype element = MPI_DATATYPE_NULL;
+  check_mpi(MPI_Type_contiguous(element_bytes, MPI_BYTE, &element), "MPI_Type_contiguous");
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  const int rc = MPI_Type_contiguous(checked_int(count, "a row's element count"), element, &type);
+  MPI_Type_free(&element);
+  check_mpi(rc, "MPI_Type_contiguous");
+  return type;
+}
+
+// Blocks of `base` at byte displacements: one per run, `run.size` elements at
+// `run.global_begin * stride` bytes. Counts stay ints through `base`, displacements are 64-bit.
+inline MPI_Datatype runs_type(const std::vector<IndexRun>& runs, MPI_Aint stride,
+                              MPI_Datatype base) {
+  std::vector<int> lengths;
+  std::vector<MPI_Aint> displacements;
+  for (const IndexRun& run : runs) {
+    lengths.push_back(checked_int(run.size, "a run of consecutive rows or columns"));
+    displacements.push_back(static_cast<MPI_Aint>(run.global_begin) * stride);
+  }
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  check_mpi(MPI_Type_create_hindexed(checked_int(static_cast<index_t>(runs.size()), "a run count"),
+                                     lengths.data(), displacements.data(), base, &type),
+            "MPI_Type_create_hindexed");
+  return type;
+}
+
+// How one rank's shard of a row-major `rows x cols` tensor of `element_bytes`-byte elements
+// lies in the file (relative to the tensor's first byte) and in memory (the row-major shard):
+// `count` items of `memory` in memory match the `file` type's bytes on disk. Row and column
+// counts stay below 2^31 because a row is one datatype, as Open MPI 4.1 has no large counts.
+struct ShardTypes {
+  Datatype file;    // the shard's bytes in the tensor, as a file view's filetype
+  Datatype memory;  // one shard row in memory
+  int count = 0;    // shard rows
+  index_t bytes = 0;
+};
+
+template <std::size_t N>
+ShardTypes shard_types(const LayoutMapping<N>& mapping, int element_bytes) {
+  ShardTypes types;
+  const index_t rows = mapping.rows.local_extent();
+  const index_t cols = mapping.cols.local_extent();
+  if (rows == 0 || cols == 0) return types;
+  const auto row_bytes = static_cast<MPI_Aint>(mapping.cols.global_extent()) * element_bytes;
+  MPI_Datatype element = MPI_DATATYPE_NULL;
+  check_mpi(MPI_Type_contiguous(element_bytes, MPI_BYTE, &element), "MPI_Type_contiguous");
+  MPI_Datatype row_part = runs_type(mapping.cols.runs(), element_bytes, element);
+  MPI_Type_free(&element);
+  MPI_Datatype row = MPI_DATATYPE_NULL;  // the row's selected columns, extent: one whole row
+  check_mpi(MPI_Type_create_resized(row_part, 0, row_bytes, &row), "MPI_Type_create_resized");
+  MPI_Type_free(&row_part);
+  MPI_Datatype file = runs_type(mapping.rows.runs(), row_bytes, row);
+  MPI_Type_free(&row);
+  types.file = Datatype(file);
+  types.memory = Datatype(contiguous_bytes(cols, element_bytes));
+  types.count = checked_int(rows, "a shard's row count");
+  types.bytes = rows * cols * element_bytes;
+  return types;
+}
+
+// An MPI file opened collectively; closed (collectively) when the handle goes. Errors return
+// codes (MPI's default for files), which every call checks.
+class File {
+ public:
+  File(MPI_Comm comm, const std::string& path, int mode) {
+    const int rc = MPI_File_open(comm, path.c_str(), mode, MPI_INFO_NULL, &file_);
+    if (rc != MPI_SUCCESS) {
+      file_ = MPI_FILE_NULL;
+      throw error(fmt::format("kshard::io: cannot open '{}': {}", path, mpi_error_text(rc)));
+    }
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File() {
+    if (file_ != MPI_FILE_NULL) MPI_File_close(&file_);
+  }
+
+  // Collective: this rank's view becomes `filetype` at byte `offset`.
+  void set_view(MPI_Offset offset, MPI_Datatype filetype) {
+    char native[] = "native";
+    check_mpi(MPI_File_set_view(file_, offset, MPI_BYTE, filetype, native, MPI_INFO_NULL),
+              "MPI_File_set_view");
+  }
+  // Collective: reads `count` items of `type` through the view.
+  void read_all(void* data, int count, MPI_Datatype type, index_t bytes) {
+    MPI_Status status;
+    check_mpi(MPI_File_read_at_all(file_, 0, data, count, type, &status), "MPI_File_read_at_all");
+    check_count(status, bytes, "read");
+    io_stats().bytes_read += bytes;
+  }
+  // Collective: writes `count` items of `type` through the view.
+  void write_all(const void* data, int count, MPI_Datatype type, index_t bytes) {
+    MPI_Status status;
+    check_mpi(MPI_File_write_at_all(file_, 0, data, count, type, &status), "MPI_File_write_at_all");
+    check_count(status, bytes, "wrote");
+    io_stats().bytes_written += bytes;
+  }
+  // Independent: `bytes` bytes at `offset` (under the default view, bytes from the start).
+  void read_at(MPI_Offset offset, void* data, int bytes) {
+    MPI_Status status;
+    check_mpi(MPI_File_read_at(file_, offset, data, bytes, MPI_BYTE, &status), "MPI_File_read_at");
+    check_count(status, bytes, "read");
+    io_stats().bytes_read += bytes;
+  }
+  void write_at(MPI_Offset offset, const void* data, int bytes) {
+    MPI_Status status;
+    check_mpi(MPI_File_write_at(file_, offset, data, bytes, MPI_BYTE, &status),
+              "MPI_File_write_at");
+    check_count(status, bytes, "wrote");
+    io_stats().bytes_written += bytes;
+  }
+  // Collective: back to plain bytes from the start of the file.
+  void reset_view() { set_view(0, MPI_BYTE); }
+  // Collective: the data written so far is on the storage device (fsync).
+  void sync() { check_mpi(MPI_File_sync(file_), "MPI_File_sync"); }
+  // Collective: closes now, so that a failing close is an error rather than lost.
+  void close() {
+    check_mpi(MPI_File_close(&file_), "MPI_File_close");
+    file_ = MPI_FILE_NULL;
+  }
+
+ private:
+  static std::string mpi_error_text(int rc) {
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(rc, text, &length);
+    return std::string(text, static_cast<std::size_t>(length));
+  }
+  static void check_count(const MPI_Status& status, index_t expected, const char* verb) {
+    MPI_Count got = 0;
+    check_mpi(MPI_Get_elements_x(&status, MPI_BYTE, &got), "MPI_Get_elements_x");
+    if (got != expected)
+      throw error(
+          fmt::format("kshard::io: {} {} bytes where {} were expected (the file is "
+                      "shorter than its header says, or the device is full)",
+                      verb, static_cast<index_t>(got), expected));
+  }
+
+  MPI_File file_ = MPI_FILE_NULL;
+};
+
+}  // namespace kshard::io::detail

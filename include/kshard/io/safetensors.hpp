@@ -1,0 +1,554 @@
+#pragma once
+
+/// \file
+/// Safetensors checkpoints read into and written from `DistMatrix`es with collective MPI-IO:
+/// each rank reads or writes only the bytes of the rows and columns it holds.
+///
+///     kshard::io::SafetensorsFile file(mesh, "model.safetensors");   // rank 0 reads the header
+///     auto embed = kshard::io::read_matrix<float>(file, "embed_tokens.weight", mesh, layout);
+///     ...repair...
+///     kshard::io::write_safetensors(mesh, file, "repaired.safetensors",
+///                                   {kshard::io::replace("embed_tokens.weight", embed)});
+///
+/// Costs. Opening: rank 0 reads the 8-byte prefix and the header (pread), one broadcast of its
+/// bytes, and every rank parses them (so every rank throws the same error for a bad file).
+/// Reading a matrix: one `MPI_File_read_at_all` in which only the first copy of each block is
+/// read (ranks on a Replicate mesh dimension other than coordinate 0 read nothing), then one
+/// broadcast per replica group. Writing a new file: the bytes of every untouched tensor (and
+/// the header) are copied in equal contiguous parts by all ranks, each replaced matrix is written
+/// by the first copies with one `MPI_File_write_at_all`, then fsync, close and a rename: the
+/// file appears complete under its name or not at all.
+///
+/// Files are untrusted input: the header is validated before any size in it is used (see
+/// safetensors_header.hpp), and every rank throws the same `kshard::error`, with nothing
+/// written, for a file that is missing, truncated or lies about its contents, and for a tensor
+/// that is missing or whose dtype or shape does not match the matrix. Elements are read as they
+/// are stored: F32 into float, F64 into double, BF16 into kshard::bf16; other dtypes are listed
+/// in the header but refused as matrices.
+
+#include <Kokkos_Core.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kshard/bfloat16.hpp"
+#include "kshard/detail/agreement.hpp"
+#include "kshard/detail/mpi.hpp"
+#include "kshard/detail/operation.hpp"
+#include "kshard/dist_matrix.hpp"
+#include "kshard/error.hpp"
+#include "kshard/io/detail/mpi_file.hpp"
+#include "kshard/io/io_stats.hpp"
+#include "kshard/io/safetensors_header.hpp"
+#include "kshard/mesh.hpp"
+
+namespace kshard::io {
+
+static_assert(std::endian::native == std::endian::little,
+              "kshard::io reads safetensors (little-endian) elements as they are stored");
+
+/// The safetensors dtype that stores elements of `T`: F32, F64 or BF16.
+template <class T>
+constexpr Dtype dtype_of() {
+  if constexpr (std::is_same_v<T, float>)
+    return Dtype::F32;
+  else if constexpr (std::is_same_v<T, double>)
+    return Dtype::F64;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return Dtype::BF16;
+  else
+    static_assert(sizeof(T) == 0, "kshard::io reads and writes float, double and kshard::bf16");
+}
+
+namespace detail {
+
+using kshard::detail::agree;
+using kshard::detail::Agreement;
+
+// What rank 0 found in a file's first bytes, for everyone.
+struct HeaderBytes {
+  std::optional<std::string> problem;
+  std::uint64_t file_size = 0;
+  std::vector<std::byte> json;
+};
+
+// Reads exactly `size` bytes at `offset` with pread, or says why not.
+inline std::optional<std::string> pread_exactly(int fd, void* data, std::uint64_t size,
+                                                std::uint64_t offset, const std::string& path) {
+  auto* out = static_cast<char*>(data);
+  for (std::uint64_t done = 0; done < size;) {
+    const ssize_t got = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      return fmt::format("kshard::io: reading {} bytes at offset {} of '{}' failed: {}", size,
+                         offset, path, got == 0 ? "end of file" : std::strerror(errno));
+    done += static_cast<std::uint64_t>(got);
+    io_stats().bytes_read += got;
+  }
+  return std::nullopt;
+}
+
+// Rank 0's read of the length prefix and the header JSON (the only bytes a header needs).
+inline HeaderBytes read_header_bytes(const std::string& path) {
+  HeaderBytes result;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    result.problem = fmt::format("kshard::io: cannot open '{}': {}", path, std::strerror(errno));
+    return result;
+  }
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    result.problem = fmt::format("kshard::io: '{}' is not a regular file", path);
+  } else {
+    result.file_size = static_cast<std::uint64_t>(info.st_size);
+    std::array<std::byte, 8> prefix{};
+    try {
+      if (result.file_size < 8)
+        throw error(
+            fmt::format("kshard::io: '{}' has {} bytes, fewer than the 8 of a safetensors "
+                        "header length",
+                        path, result.file_size));
+      result.problem = pread_exactly(fd, prefix.data(), 8, 0, path);
+      if (!result.problem) {
+        result.json.resize(header_length_from_prefix(prefix, result.file_size));
+        result.problem = pread_exactly(fd, result.json.data(), result.json.size(), 8, path);
+      }
+    } catch (const error& e) {
+      result.problem = fmt::format("kshard::io: '{}': {}", path, e.what());
+    }
+  }
+  ::close(fd);
+  return result;
+}
+
+// Broadcasts `bytes` from rank 0 in pieces that keep MPI counts below 2^31.
+inline void broadcast_bytes(void* data, std::uint64_t size, MPI_Comm comm) {
+  constexpr std::uint64_t piece = std::uint64_t{1} << 30;
+  auto* bytes = static_cast<char*>(data);
+  for (std::uint64_t done = 0; done < size; done += piece)
+    kshard::detail::broadcast(bytes + done, static_cast<int>(std::min(piece, size - done)), 0,
+                              comm);
+}
+
+}  // namespace detail
+
+/// A safetensors file whose validated header every rank holds. Opened collectively; holds no
+/// file handle (reads and writes open the file on the mesh they use).
+class SafetensorsFile {
+ public:
+  /// Collective over `mesh`: rank 0 reads and broadcasts the header, every rank validates it.
+  /// Every rank throws the same `kshard::error` for a path that differs between ranks, a file
+  /// that cannot be opened, and any header parse_safetensors_header refuses.
+  template <std::size_t N>
+  SafetensorsFile(const Mesh<N>& mesh, std::filesystem::path path) : path_(std::move(path)) {
+    const kshard::detail::Operation operation("io::SafetensorsFile");
+    const MPI_Comm comm = mesh.comm();
+    detail::HeaderBytes bytes;
+    if (mesh.my_rank() == 0) bytes = detail::read_header_bytes(path_.string());
+    detail::Agreement agreement(comm);
+    kshard::detail::same_text(agreement, "the file path", path_.string());
+    agreement.problem(bytes.problem).settle();
+    std::array<std::uint64_t, 2> sizes{bytes.file_size, bytes.json.size()};
+    kshard::detail::broadcast(sizes.data(), 2, 0, comm);
+    bytes.json.resize(sizes[1]);
+    detail::broadcast_bytes(bytes.json.data(), sizes[1], comm);
+    try {
+      header_ = parse_safetensors_header(bytes.json, sizes[0]);
+    } catch (const error& e) {  // the same bytes on every rank: the same message
+      throw error(fmt::format("kshard::io: '{}': {}", path_.string(), e.what()));
+    }
+  }
+
+  /// The file's path.
+  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
+  /// The validated header.
+  [[nodiscard]] const SafetensorsHeader& header() const { return header_; }
+  /// The file's size in bytes.
+  [[nodiscard]] std::uint64_t file_size() const { return header_.data_offset + header_.data_size; }
+  /// Byte offset of tensor `entry`'s first element in the file.
+  [[nodiscard]] std::uint64_t file_offset(const TensorEntry& entry) const {
+    return header_.data_offset + entry.begin;
+  }
+
+ private:
+  std::filesystem::path path_;
+  SafetensorsHeader header_;
+};
+
+namespace detail {
+
+// Why tensor `name` of `file` cannot be a rows x cols matrix of T (rows, cols < 0: any shape).
+template <class T>
+std::optional<std::string> matrix_problem(const SafetensorsFile& file, std::string_view name,
+                                          index_t rows = -1, index_t cols = -1) {
+  const TensorEntry* entry = file.header().find(name);
+  const std::string where = fmt::format("'{}'", file.path().string());
+  if (entry == nullptr)
+    return fmt::format("kshard::io: {} has no tensor {}", where, in_quotes(name));
+  if (entry->dtype != dtype_of<T>())
+    return fmt::format("kshard::io: tensor {} of {} is {}, but the matrix holds {} ({})",
+                       in_quotes(name), where, to_string(entry->dtype),
+                       kshard::detail::render_type(kshard::detail::type_code<T>()),
+                       to_string(dtype_of<T>()));
+  if (entry->shape.size() != 2)
+    return fmt::format("kshard::io: tensor {} of {} has shape {}; a matrix needs 2 dimensions",
+                       in_quotes(name), where, shape_text(entry->shape));
+  if (rows >= 0 && (entry->shape[0] != rows || entry->shape[1] != cols))
+    return fmt::format("kshard::io: tensor {} of {} has shape {}, but the matrix is {} x {}",
+                       in_quotes(name), where, shape_text(entry->shape), rows, cols);
+  return std::nullopt;
+}
+
+// The ranks that hold the same block (a Replicate mesh dimension's coordinates) as one
+// communicator whose rank 0 holds the first copy; empty when no dimension replicates.
+template <class L, std::size_t N>
+std::optional<kshard::detail::Communicator> replica_group(const Mesh<N>& mesh) {
+  std::vector<std::size_t> replicated;
+  for (std::size_t m = 0; m < N; ++m)
+    if (L::kinds[m] == PlacementKind::replicate) replicated.push_back(m);
+  if (replicated.empty()) return std::nullopt;
+  if (replicated.size() == 1)  // that dimension's communicator already is the group
+    return kshard::detail::Communicator::duplicate(mesh.dim_comm(replicated[0]));
+  int color = 0;  // the coordinates on the sharding dimensions, as one number
+  for (std::size_t m = 0; m < N; ++m)
+    if (L::kinds[m] != PlacementKind::replicate) color = color * mesh.shape()[m] + mesh.coords()[m];
+  MPI_Comm group = MPI_COMM_NULL;
+  kshard::detail::check_mpi(MPI_Comm_split(mesh.comm(), color, mesh.my_rank(), &group),
+                            "MPI_Comm_split");
+  return kshard::detail::Communicator::adopt(group);
+}
+
+// Runs `step`; an error it throws becomes this rank's problem for the agreement that follows.
+template <class Step>
+std::optional<std::string> attempt(Step&& step) {
+  try {
+    step();
+  } catch (const std::exception& e) {
+    return std::string(e.what());
+  }
+  return std::nullopt;
+}
+
+// This rank's part of a matrix transfer: its shard's datatypes when it holds a block's first
+// copy (the ranks that read or write the file), none otherwise.
+template <class M>
+ShardTypes transfer_types(const M& matrix) {
+  using L = typename M::layout_type;
+  if (!L::is_first_copy(matrix.mesh().coords(), {0, 1})) return {};
+  return shard_types(matrix.mapping(), static_cast<int>(sizeof(typename M::value_type)));
+}
+
+// One collective transfer of a shard through the view at `offset`: `io(data, count, type,
+// bytes)` is File::read_all or File::write_all.
+template <class IO>
+void transfer(File& file, MPI_Offset offset, const ShardTypes& types, void* data, IO&& io) {
+  file.set_view(offset, types.count > 0 ? types.file.get() : MPI_BYTE);
+  io(data, types.count, types.count > 0 ? types.memory.get() : MPI_BYTE, types.bytes);
+  file.reset_view();
+}
+
+}  // namespace detail
+
+namespace detail {
+struct UpdateAccess;
+}
+
+/// Reads tensor `name` of `file` as a `DistMatrix<T, L, ExecSpace, MemSpace>` over `mesh`:
+/// each rank that holds the first copy of a block reads exactly that block's bytes (one
+/// `MPI_File_read_at_all` through a datatype built from the mapping's runs); the replicas
+/// receive it by broadcast. Collective over the mesh. Every rank throws the same
+/// `kshard::error`, with nothing allocated, for a missing tensor, a dtype other than T's, a
+/// shape that is not 2-D, layouts, names or element types that differ between ranks, and a
+/// file that is shorter than its header says.
+template <class T, class ExecSpace = Kokkos::DefaultExecutionSpace,
+          class MemSpace = typename ExecSpace::memory_space, std::size_t N, class L>
+DistMatrix<T, L, ExecSpace, MemSpace> read_matrix(const SafetensorsFile& file,
+                                                  std::string_view name, const Mesh<N>& mesh,
+                                                  const L& layout) {
+  static_assert(!L::has_partial,
+                "kshard::io::read_matrix: a Partial layout holds addends, not values; read "
+                "into Replicate or Shard and redistribute");
+  const kshard::detail::Operation operation("io::read_matrix");
+  detail::Agreement agreement(mesh.comm());
+  kshard::detail::same_text(agreement, "the tensor name", std::string(name));
+  kshard::detail::same_text(agreement, "the file path", file.path().string());
+  agreement.same("the element type", kshard::detail::type_code<T>(), kshard::detail::render_type);
+  kshard::detail::same_layout(agreement, layout, "the matrix");
+  agreement.problem(detail::matrix_problem<T>(file, name)).settle();
+
+  const TensorEntry& entry = *file.header().find(name);
+  DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, entry.shape[0], entry.shape[1],
+                                               std::string(name));
+  auto host = Kokkos::create_mirror_view(matrix.local());
+  detail::ShardTypes types;
+  std::optional<detail::File> handle;
+  auto problem = detail::attempt([&] {
+    types = detail::transfer_types(matrix);
+    handle.emplace(mesh.comm(), file.path().string(), MPI_MODE_RDONLY);
+  });
+  detail::agree(mesh.comm(), problem);
+  problem = detail::attempt([&] {
+    detail::transfer(*handle, static_cast<MPI_Offset>(file.file_offset(entry)), types, host.data(),
+                     [&](void* data, int count, MPI_Datatype type, index_t bytes) {
+                       handle->read_all(data, count, type, bytes);
+                     });
+    handle->close();
+  });
+  detail::agree(mesh.comm(), problem);
+  if (auto group = detail::replica_group<L>(mesh))
+    detail::broadcast_bytes(host.data(), host.size() * sizeof(T), group->get());
+  Kokkos::deep_copy(matrix.local(), host);
+  return matrix;
+}
+
+/// A matrix to write in place of the tensor of the same name (`replace`): its element type,
+/// shape and communicator, and how it writes its shard. Holds the matrix (a shared view).
+class TensorUpdate {
+ public:
+  /// The tensor it replaces.
+  [[nodiscard]] const std::string& name() const { return name_; }
+
+ private:
+  template <ValuedMatrix M>
+  friend TensorUpdate replace(std::string name, const M& matrix);
+  friend struct detail::UpdateAccess;
+
+  std::string name_;
+  Dtype dtype_ = Dtype::F32;
+  std::int64_t type_code_ = 0;
+  index_t rows_ = 0;
+  index_t cols_ = 0;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  // Writes this rank's part (first copies only) through the file at the tensor's offset.
+  std::function<void(detail::File&, MPI_Offset)> write_;
+};
+
+/// `matrix` as the new value of tensor `name`; its dtype and shape must be the tensor's.
+template <ValuedMatrix M>
+TensorUpdate replace(std::string name, const M& matrix) {
+  TensorUpdate update;
+  update.name_ = std::move(name);
+  update.dtype_ = dtype_of<typename M::value_type>();
+  update.type_code_ = kshard::detail::type_code<typename M::value_type>();
+  update.rows_ = matrix.rows();
+  update.cols_ = matrix.cols();
+  update.comm_ = matrix.mesh().comm();
+  update.write_ = [matrix](detail::File& file, MPI_Offset offset) {
+    const detail::ShardTypes types = detail::transfer_types(matrix);
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
+    detail::transfer(file, offset, types, host.data(),
+                     [&](void* data, int count, MPI_Datatype type, index_t bytes) {
+                       file.write_all(data, count, type, bytes);
+                     });
+  };
+  return update;
+}
+
+namespace detail {
+
+struct UpdateAccess {
+  static const auto& write(const TensorUpdate& u) { return u.write_; }
+  // Why `update` cannot replace a tensor of `file` (over `comm`), or nothing.
+  static std::optional<std::string> problem(const TensorUpdate& u, const SafetensorsFile& file,
+                                            MPI_Comm comm) {
+    if (!kshard::detail::congruent(u.comm_, comm))
+      return fmt::format(
+          "kshard::io: the matrix for tensor {} lives on another mesh than the "
+          "one writing the file",
+          in_quotes(u.name_));
+    const TensorEntry* entry = file.header().find(u.name_);
+    if (entry == nullptr)
+      return fmt::format("kshard::io: '{}' has no tensor {} to replace", file.path().string(),
+                         in_quotes(u.name_));
+    if (entry->dtype != u.dtype_ || entry->shape != std::vector<std::int64_t>{u.rows_, u.cols_})
+      return fmt::format(
+          "kshard::io: tensor {} of '{}' is {} {}, but the matrix replacing it is "
+          "{} [{}, {}]",
+          in_quotes(u.name_), file.path().string(), to_string(entry->dtype),
+          shape_text(entry->shape), to_string(u.dtype_), u.rows_, u.cols_);
+    return std::nullopt;
+  }
+  static void agree_on(Agreement& agreement, const TensorUpdate& u) {
+    kshard::detail::same_text(agreement, "the name of a tensor to replace", u.name_);
+    agreement.same(fmt::format("the element type of {}", in_quotes(u.name_)), u.type_code_,
+                   kshard::detail::render_type);
+    agreement.same(fmt::format("the number of rows of {}", in_quotes(u.name_)), u.rows_);
+    agreement.same(fmt::format("the number of columns of {}", in_quotes(u.name_)), u.cols_);
+  }
+};
+
+// The file's bytes outside the replaced tensors, as [begin, end) ranges in file order.
+inline std::vector<std::pair<std::uint64_t, std::uint64_t>> kept_ranges(
+    const SafetensorsFile& file, const std::vector<TensorUpdate>& updates) {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> replaced;
+  for (const TensorUpdate& u : updates) {
+    const TensorEntry& entry = *file.header().find(u.name());
+    replaced.emplace_back(file.file_offset(entry), file.file_offset(entry) + entry.bytes());
+  }
+  std::sort(replaced.begin(), replaced.end());
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> kept;
+  std::uint64_t at = 0;
+  for (const auto& [begin, end] : replaced) {
+    if (begin > at) kept.emplace_back(at, begin);
+    at = std::max(at, end);
+  }
+  if (file.file_size() > at) kept.emplace_back(at, file.file_size());
+  return kept;
+}
+
+// Copies this rank's equal share of the `kept` bytes from `source` to `target` (independent
+// I/O through a bounded buffer: the same offsets in both files).
+inline void copy_share(File& source, File& target,
+                       const std::vector<std::pair<std::uint64_t, std::uint64_t>>& kept, int rank,
+                       int size) {
+  std::uint64_t total = 0;
+  for (const auto& [begin, end] : kept) total += end - begin;
+  // total * rank / size without forming total * rank, which may pass 64 bits.
+  const auto share = [&](int r) {
+    const auto ranks = static_cast<std::uint64_t>(size);
+    return total / ranks * static_cast<std::uint64_t>(r) +
+           total % ranks * static_cast<std::uint64_t>(r) / ranks;
+  };
+  const std::uint64_t share_begin = share(rank);
+  const std::uint64_t share_end = share(rank + 1);
+  constexpr std::uint64_t buffer_bytes = std::uint64_t{64} << 20;
+  std::vector<char> buffer(
+      static_cast<std::size_t>(std::min(buffer_bytes, share_end - share_begin)));
+  std::uint64_t position = 0;  // of the current range's start among the kept bytes
+  for (const auto& [begin, end] : kept) {
+    const std::uint64_t from = std::max(share_begin, position);
+    const std::uint64_t to = std::min(share_end, position + (end - begin));
+    for (std::uint64_t at = from; at < to;) {
+      const auto n = static_cast<int>(std::min(buffer_bytes, to - at));
+      const auto offset = static_cast<MPI_Offset>(begin + (at - position));
+      source.read_at(offset, buffer.data(), n);
+      target.write_at(offset, buffer.data(), n);
+      at += static_cast<std::uint64_t>(n);
+    }
+    position += end - begin;
+  }
+}
+
+// Rank 0's checks of the target path before anything is written.
+inline std::optional<std::string> target_problem(const SafetensorsFile& source,
+                                                 const std::filesystem::path& target) {
+  std::error_code ec;
+  if (std::filesystem::exists(target, ec) && std::filesystem::equivalent(target, source.path(), ec))
+    return fmt::format(
+        "kshard::io: the output '{}' is the input file; write to another path or "
+        "update the rows in place",
+        target.string());
+  const std::filesystem::path folder = std::filesystem::absolute(target).parent_path();
+  if (!std::filesystem::is_directory(folder, ec))
+    return fmt::format("kshard::io: the output folder '{}' does not exist", folder.string());
+  return std::nullopt;
+}
+
+// Where a new file is written until it is complete: the same folder, so the rename is atomic.
+inline std::filesystem::path partial_path(const std::filesystem::path& target) {
+  return target.string() + ".kshard-partial";
+}
+
+// Rank 0: the complete file takes its name, durably (the folder is synced too).
+inline void publish(const std::filesystem::path& partial, const std::filesystem::path& target) {
+  if (std::rename(partial.c_str(), target.c_str()) != 0)
+    throw error(fmt::format("kshard::io: renaming '{}' to '{}' failed: {}", partial.string(),
+                            target.string(), std::strerror(errno)));
+  const std::filesystem::path folder = std::filesystem::absolute(target).parent_path();
+  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// Writes the new file under `partial`: kept bytes copied, updates written, synced and closed.
+inline void write_partial(MPI_Comm comm, const SafetensorsFile& source,
+                          const std::filesystem::path& partial,
+                          const std::vector<TensorUpdate>& updates) {
+  std::optional<File> in;
+  std::optional<File> out;
+  agree(comm, attempt([&] {
+          in.emplace(comm, source.path().string(), MPI_MODE_RDONLY);
+          out.emplace(comm, partial.string(), MPI_MODE_WRONLY | MPI_MODE_CREATE | MPI_MODE_EXCL);
+        }));
+  const int rank = kshard::detail::comm_rank(comm);
+  agree(comm, attempt([&] {
+          copy_share(*in, *out, kept_ranges(source, updates), rank,
+                     kshard::detail::comm_size(comm));
+        }));
+  agree(comm, attempt([&] {
+          for (const TensorUpdate& u : updates)
+            UpdateAccess::write(u)(
+                *out, static_cast<MPI_Offset>(source.file_offset(*source.header().find(u.name()))));
+          out->sync();
+          out->close();
+          in->close();
+        }));
+}
+
+}  // namespace detail
+
+/// Writes a new checkpoint at `target`: the file `source` with the tensors named by `updates`
+/// replaced by their matrices (same dtype and shape, so the header is kept byte for byte).
+/// The bytes outside the replaced tensors are copied in equal parts by all ranks; each matrix
+/// is written by the first copies of its blocks (one `MPI_File_write_at_all`); the file is
+/// written as `target` + ".kshard-partial", synced, then renamed, so `target` is complete or
+/// untouched, and `source` is only read. Collective over `mesh`, which every matrix must live
+/// on. Every rank throws the same `kshard::error`, with `target` untouched, for a missing
+/// tensor, a dtype or shape that differs from the tensor's, a tensor given twice, arguments
+/// that differ between ranks, a target that is the source or in a folder that does not exist,
+/// and any failed read or write.
+template <std::size_t N>
+void write_safetensors(const Mesh<N>& mesh, const SafetensorsFile& source,
+                       const std::filesystem::path& target,
+                       const std::vector<TensorUpdate>& updates) {
+  const kshard::detail::Operation operation("io::write_safetensors");
+  const MPI_Comm comm = mesh.comm();
+  const std::filesystem::path partial = detail::partial_path(target);
+  detail::Agreement agreement(comm);
+  kshard::detail::same_text(agreement, "the input file", source.path().string());
+  kshard::detail::same_text(agreement, "the output file", target.string());
+  agreement.same("the number of tensors to replace", static_cast<std::int64_t>(updates.size()));
+  for (const TensorUpdate& u : updates) {
+    detail::UpdateAccess::agree_on(agreement, u);
+    agreement.problem(detail::UpdateAccess::problem(u, source, comm));
+    if (std::count_if(updates.begin(), updates.end(),
+                      [&](const TensorUpdate& v) { return v.name() == u.name(); }) > 1)
+      agreement.problem(
+          fmt::format("kshard::io: tensor {} is replaced twice", detail::in_quotes(u.name())));
+  }
+  if (mesh.my_rank() == 0) {
+    agreement.problem(detail::target_problem(source, target));
+    std::filesystem::remove(partial);  // a run killed before its rename left it
+  }
+  agreement.settle();
+  try {
+    detail::write_partial(comm, source, partial, updates);
+    detail::agree(comm, detail::attempt([&] {
+                    if (mesh.my_rank() == 0) detail::publish(partial, target);
+                  }));
+  } catch (const error&) {
+    if (mesh.my_rank() == 0) std::filesystem::remove(partial);
+    throw;
+  }
+}
+
+}  // namespace kshard::io

@@ -1,0 +1,273 @@
+// Reading and writing safetensors checkpoints with MPI-IO, at any rank count: every layout of
+// one and two mesh dimensions, each rank's bytes read and written counted, the written file
+// compared byte for byte with one built serially, and bad files refused alike on every rank.
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "kshard/distribute.hpp"
+#include "kshard/io/safetensors.hpp"
+#include "kshard/rowwise.hpp"
+#include "kshard_test.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace io = kshard::io;
+using kshard::index_t;
+using kshard::test::ExecSpace;
+using kshard::test::MemSpace;
+
+// A folder shared by the ranks (rank 0's name), emptied at the start and removed at the end.
+class Scratch {
+ public:
+  Scratch() {
+    int id = static_cast<int>(::getpid());
+    MPI_Bcast(&id, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    folder_ = fs::temp_directory_path() / ("kshard_io_mpi_" + std::to_string(id));
+    if (kshard::test::world_rank() == 0) {
+      fs::remove_all(folder_);
+      fs::create_directories(folder_);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  ~Scratch() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (kshard::test::world_rank() == 0) fs::remove_all(folder_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  [[nodiscard]] fs::path operator/(const std::string& name) const { return folder_ / name; }
+
+ private:
+  fs::path folder_;
+};
+
+std::vector<std::byte> read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> bytes(text.size());
+  std::memcpy(bytes.data(), text.data(), text.size());
+  return bytes;
+}
+
+// Rank 0 writes `bytes` to `path`; everyone waits for it.
+void write_file(const fs::path& path, const std::vector<std::byte>& bytes) {
+  if (kshard::test::world_rank() == 0) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+template <class T>
+std::vector<std::byte> bytes_of(const kshard::HostMatrix<T>& m) {
+  std::vector<std::byte> bytes(m.span() * sizeof(T));
+  std::memcpy(bytes.data(), m.data(), bytes.size());
+  return bytes;
+}
+
+// A file image: a 3-byte U8 tensor first (so "weight" starts at an odd offset: the data
+// section is never assumed aligned), then `weight`, a 1-D F64 tensor "after" and a 2 x 2
+// "twin" of weight's dtype.
+template <class T>
+std::vector<std::byte> checkpoint_image(const kshard::HostMatrix<T>& weight) {
+  const std::vector<io::TensorSpec> specs{
+      {"odd", io::Dtype::U8, {3}},
+      {"weight",
+       io::dtype_of<T>(),
+       {static_cast<std::int64_t>(weight.extent(0)), static_cast<std::int64_t>(weight.extent(1))}},
+      {"after", io::Dtype::F64, {4}},
+      {"twin", io::dtype_of<T>(), {2, 2}}};
+  const auto header = io::make_safetensors_header(specs, {{"format", "pt"}});
+  std::vector<std::byte> file = io::serialize_safetensors_header(header);
+  for (int i = 0; i < 3; ++i) file.push_back(static_cast<std::byte>(0xa0 + i));
+  const auto weight_bytes = bytes_of(weight);
+  file.insert(file.end(), weight_bytes.begin(), weight_bytes.end());
+  for (std::size_t i = 0; i < 32 + 4 * sizeof(T); ++i)
+    file.push_back(static_cast<std::byte>(i * 7));
+  return file;
+}
+
+// The bytes this rank must read or write for `matrix`: its shard when it holds a first copy.
+template <class M>
+std::int64_t first_copy_bytes(const M& matrix) {
+  using L = typename M::layout_type;
+  if (!L::is_first_copy(matrix.mesh().coords(), {0, 1})) return 0;
+  return matrix.mapping().local_size() * static_cast<std::int64_t>(sizeof(typename M::value_type));
+}
+
+template <class T, class M>
+void expect_holds(const M& matrix, const kshard::HostMatrix<T>& full) {
+  const auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
+  const auto& map = matrix.mapping();
+  bool same = true;
+  for (index_t i = 0; i < map.rows.local_extent(); ++i)
+    for (index_t j = 0; j < map.cols.local_extent(); ++j)
+      same = same && std::memcmp(&local(i, j), &full(map.rows.to_global(i), map.cols.to_global(j)),
+                                 sizeof(T)) == 0;
+  EXPECT_TRUE(same);
+}
+
+// Reads "weight" with `layout` on `mesh`, checks values and bytes read, then writes it back
+// scaled into a new file, which must equal the serially built image byte for byte.
+template <class T, std::size_t N, class L>
+void round_trip(const Scratch& scratch, const kshard::Mesh<N>& mesh, const L& layout, index_t rows,
+                index_t cols) {
+  const auto full = kshard::test::reference_matrix<T>(rows, cols, 17);
+  const fs::path source = scratch / "in.safetensors";
+  const fs::path target = scratch / "out.safetensors";
+  write_file(source, checkpoint_image(full));
+
+  const io::SafetensorsFile file(mesh, source);
+  io::reset_io_stats();
+  auto matrix = io::read_matrix<T, ExecSpace, MemSpace>(file, "weight", mesh, layout);
+  expect_holds(matrix, full);
+  EXPECT_EQ(io::io_stats().bytes_read, first_copy_bytes(matrix));
+
+  kshard::HostMatrix<T> scaled("scaled", full.extent(0), full.extent(1));
+  for (std::size_t r = 0; r < full.extent(0); ++r)
+    for (std::size_t c = 0; c < full.extent(1); ++c)
+      scaled(r, c) = static_cast<T>(-2.0 * static_cast<double>(full(r, c)));
+  auto replacement =
+      kshard::distribute<ExecSpace, MemSpace>(mesh, layout, kshard::HostMatrix<const T>(scaled));
+  io::reset_io_stats();
+  io::write_safetensors(mesh, file, target, {io::replace("weight", replacement)});
+  std::int64_t written = io::io_stats().bytes_written;
+  MPI_Allreduce(MPI_IN_PLACE, &written, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_EQ(written, static_cast<std::int64_t>(file.file_size())) << "each byte once";
+  const auto expected = checkpoint_image(scaled);
+  EXPECT_TRUE(kshard::test::all_ranks(read_file(target) == expected));
+  EXPECT_FALSE(fs::exists(io::detail::partial_path(target)));
+}
+
+TEST(SafetensorsMpi, ReadsAndWritesEveryLayout) {
+  const Scratch scratch;
+  const int size = kshard::test::world_size();
+  std::uint64_t seed = 900;
+  const kshard::Mesh<1> line(MPI_COMM_WORLD, {size});
+  for (const auto shape : kshard::test::mesh_shapes<2>(size)) {
+    const kshard::Mesh<2> mesh(MPI_COMM_WORLD, shape);
+    kshard::test::for_each_layout(
+        seed, [&](const auto& layout) { round_trip<float>(scratch, line, layout, 7, 5); },
+        [&](const auto& layout) { round_trip<float>(scratch, mesh, layout, 9, 6); });
+  }
+}
+
+TEST(SafetensorsMpi, ReadsEveryElementType) {
+  const Scratch scratch;
+  const kshard::Mesh<2> mesh = kshard::test::dp_tp_mesh();
+  const kshard::Layout layout(kshard::Replicate{}, kshard::Shard<0>{});
+  round_trip<double>(scratch, mesh, layout, 11, 3);
+  round_trip<kshard::bf16>(scratch, mesh, layout, 5, 8);
+  // Empty shards (more ranks than rows) and an empty matrix.
+  round_trip<float>(scratch, mesh, kshard::Layout(kshard::Shard<1>{}, kshard::Shard<0>{}), 1, 1);
+  round_trip<float>(scratch, mesh, layout, 0, 4);
+}
+
+// Replicas receive their block by broadcast instead of reading it again.
+TEST(SafetensorsMpi, ReplicasDoNotReadTheFile) {
+  const Scratch scratch;
+  const kshard::Mesh<1> line(MPI_COMM_WORLD, {kshard::test::world_size()});
+  const auto full = kshard::test::reference_matrix<float>(64, 16, 3);
+  write_file(scratch / "r.safetensors", checkpoint_image(full));
+  const io::SafetensorsFile file(line, scratch / "r.safetensors");
+  io::reset_io_stats();
+  const auto matrix = io::read_matrix<float, ExecSpace, MemSpace>(
+      file, "weight", line, kshard::Layout(kshard::Replicate{}));
+  expect_holds(matrix, full);
+  std::int64_t total = io::io_stats().bytes_read;
+  MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_EQ(total, 64 * 16 * 4);
+}
+
+// Files that lie, and requests that do not fit them: the same error everywhere, nothing
+// written.
+TEST(SafetensorsMpi, RefusesBadFilesAndRequestsAlike) {
+  const Scratch scratch;
+  const kshard::Mesh<1> line(MPI_COMM_WORLD, {kshard::test::world_size()});
+  const kshard::Layout layout(kshard::Shard<0>{});
+  const auto full = kshard::test::reference_matrix<float>(6, 4, 5);
+  const auto good = checkpoint_image(full);
+  const fs::path path = scratch / "bad.safetensors";
+  const fs::path target = scratch / "never.safetensors";
+
+  auto refused = [&](const std::vector<std::byte>& image, const std::string& phrase) {
+    write_file(path, image);
+    const std::string message = kshard::test::collective_error([&] {
+      const io::SafetensorsFile file(line, path);
+      static_cast<void>(io::read_matrix<float, ExecSpace, MemSpace>(file, "weight", line, layout));
+    });
+    EXPECT_NE(message.find(phrase), std::string::npos) << message;
+  };
+  auto truncated = good;
+  truncated.pop_back();
+  refused(truncated, "end");
+  auto long_header = good;
+  long_header[0] = std::byte{0xff};
+  long_header[1] = std::byte{0xff};
+  refused(long_header, "header");
+  auto invalid_json = good;
+  invalid_json[9] = std::byte{'x'};
+  refused(invalid_json, "JSON");
+  refused(std::vector<std::byte>(5), "fewer than the 8");
+
+  write_file(path, good);
+  const io::SafetensorsFile file(line, path);
+  auto read_as = [&](auto element, const std::string& name, const std::string& phrase) {
+    const std::string message = kshard::test::collective_error([&] {
+      static_cast<void>(
+          io::read_matrix<decltype(element), ExecSpace, MemSpace>(file, name, line, layout));
+    });
+    EXPECT_NE(message.find(phrase), std::string::npos) << message;
+  };
+  read_as(float{}, "missing", "has no tensor 'missing'");
+  read_as(double{}, "weight", "is F32, but the matrix holds double");
+  read_as(double{}, "odd", "is U8, but the matrix holds double");
+  read_as(double{}, "after", "has shape [4]; a matrix needs 2 dimensions");
+  kshard::test::expect_collective_refusal(
+      "the tensor name differs", {"the tensor name differs between ranks"},
+      [&](bool here) {
+        static_cast<void>(io::read_matrix<float, ExecSpace, MemSpace>(
+            file, here ? "twin" : "weight", line, layout));
+      },
+      {}, /*one_rank_only=*/true);
+  kshard::test::expect_collective_refusal(
+      "the path differs", {"the file path differs between ranks", "cannot open"}, [&](bool here) {
+        static_cast<void>(io::SafetensorsFile(line, here ? scratch / "none" : path));
+      });
+
+  const auto matrix = io::read_matrix<float, ExecSpace, MemSpace>(file, "weight", line, layout);
+  const auto wide =
+      kshard::DistMatrix<float, kshard::Layout<kshard::Shard<0>>, ExecSpace, MemSpace>(line, layout,
+                                                                                       6, 5);
+  auto write_refused = [&](const fs::path& to, std::vector<io::TensorUpdate> updates,
+                           const std::string& phrase) {
+    const std::string message =
+        kshard::test::collective_error([&] { io::write_safetensors(line, file, to, updates); });
+    EXPECT_NE(message.find(phrase), std::string::npos) << message;
+    EXPECT_FALSE(fs::exists(to)) << to;
+    EXPECT_FALSE(fs::exists(io::detail::partial_path(to)));
+  };
+  write_refused(target, {io::replace("weight", wide)}, "[6, 4], but the matrix replacing it");
+  write_refused(target, {io::replace("nothing", matrix)}, "has no tensor 'nothing' to replace");
+  write_refused(target, {io::replace("weight", matrix), io::replace("weight", matrix)},
+                "replaced twice");
+  write_refused(scratch / "no" / "such.safetensors", {io::replace("weight", matrix)},
+                "does not exist");
+  const std::string same = kshard::test::collective_error(
+      [&] { io::write_safetensors(line, file, path, {io::replace("weight", matrix)}); });
+  EXPECT_NE(same.find("is the input file"), std::string::npos) << same;
+  EXPECT_TRUE(kshard::test::all_ranks(read_file(path) == good)) << "the input is unchanged";
+}
+
+}  // namespace
