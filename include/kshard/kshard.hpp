@@ -15,6 +15,7 @@
 #include "kshard/error.hpp"
 #include "kshard/format.hpp"
 #include "kshard/index.hpp"
+#include "kshard/layout_dispatch.hpp"
 #include "kshard/layout_mapping.hpp"
 #include "kshard/log.hpp"
 #include "kshard/mesh.hpp"

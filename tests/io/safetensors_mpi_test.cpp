@@ -270,4 +270,126 @@ TEST(SafetensorsMpi, RefusesBadFilesAndRequestsAlike) {
   EXPECT_TRUE(kshard::test::all_ranks(read_file(path) == good)) << "the input is unchanged";
 }
 
+// `full` with rows `ids` negated: what an in-place write of those rows leaves.
+template <class T>
+kshard::HostMatrix<T> with_rows_negated(const kshard::HostMatrix<T>& full,
+                                        const std::vector<index_t>& ids) {
+  kshard::HostMatrix<T> changed("changed", full.extent(0), full.extent(1));
+  Kokkos::deep_copy(changed, full);
+  for (const index_t id : ids)
+    for (std::size_t c = 0; c < full.extent(1); ++c)
+      changed(static_cast<std::size_t>(id), c) =
+          static_cast<T>(-full(static_cast<std::size_t>(id), c));
+  return changed;
+}
+
+std::int64_t sum_over_ranks(std::int64_t value) {
+  MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return value;
+}
+
+// Rows written in place: exactly those bytes plus the undo file; undo restores every byte.
+template <std::size_t N, class L>
+void in_place(const Scratch& scratch, const kshard::Mesh<N>& mesh, const L& layout) {
+  const index_t rows = 10;
+  const index_t cols = 6;
+  const auto full = kshard::test::reference_matrix<float>(rows, cols, 23);
+  const fs::path path = scratch / "model.safetensors";
+  const fs::path undo = scratch / "model.undo";
+  const auto original = checkpoint_image(full);
+  write_file(path, original);
+  const std::vector<index_t> ids{rows - 1, 0, 4, 5, 4};  // unsorted, repeated: 3 distinct + 0
+  const auto changed = with_rows_negated(full, {0, 4, 5, rows - 1});
+  const io::SafetensorsFile file(mesh, path);
+  const auto matrix = kshard::distribute<ExecSpace, MemSpace>(
+      mesh, layout, kshard::HostMatrix<const float>(changed));
+
+  io::reset_io_stats();
+  io::write_rows_in_place(mesh, file, {io::replace_rows("weight", matrix, ids)}, undo);
+  const std::int64_t undo_bytes =
+      kshard::test::world_rank() == 0 ? static_cast<std::int64_t>(fs::file_size(undo)) : 0;
+  EXPECT_EQ(sum_over_ranks(io::io_stats().bytes_written - undo_bytes), 4 * cols * 4)
+      << "only the rows";
+  EXPECT_TRUE(kshard::test::all_ranks(read_file(path) == checkpoint_image(changed)));
+
+  io::undo_in_place(mesh, undo);
+  EXPECT_TRUE(kshard::test::all_ranks(read_file(path) == original));
+  EXPECT_FALSE(fs::exists(undo));
+}
+
+TEST(SafetensorsMpi, WritesRowsInPlaceAndUndoes) {
+  const Scratch scratch;
+  const int size = kshard::test::world_size();
+  const kshard::Mesh<1> line(MPI_COMM_WORLD, {size});
+  in_place(scratch, line, kshard::Layout(kshard::Shard<0>{}));
+  in_place(scratch, line, kshard::Layout(kshard::Shard<1>{}));
+  in_place(scratch, line, kshard::Layout(kshard::Replicate{}));
+  in_place(scratch, line, kshard::Layout(kshard::StridedShard<0>{2}));
+  const kshard::Mesh<2> mesh = kshard::test::dp_tp_mesh();
+  in_place(scratch, mesh, kshard::Layout(kshard::Replicate{}, kshard::Shard<0>{}));
+  in_place(scratch, mesh, kshard::Layout(kshard::StridedShard<0>{2}, kshard::Shard<0>{}));
+}
+
+// A rows update to a new file lands on the copied tensor: the rows change, nothing else.
+TEST(SafetensorsMpi, WritesRowsToANewFile) {
+  const Scratch scratch;
+  const kshard::Mesh<2> mesh = kshard::test::dp_tp_mesh();
+  const kshard::Layout layout(kshard::Shard<1>{}, kshard::Shard<0>{});
+  const auto full = kshard::test::reference_matrix<double>(9, 4, 29);
+  write_file(scratch / "a.safetensors", checkpoint_image(full));
+  const io::SafetensorsFile file(mesh, scratch / "a.safetensors");
+  const auto changed = with_rows_negated(full, {2, 8});
+  const auto matrix = kshard::distribute<ExecSpace, MemSpace>(
+      mesh, layout, kshard::HostMatrix<const double>(changed));
+  io::write_safetensors(mesh, file, scratch / "b.safetensors",
+                        {io::replace_rows("weight", matrix, {8, 2})});
+  EXPECT_TRUE(
+      kshard::test::all_ranks(read_file(scratch / "b.safetensors") == checkpoint_image(changed)));
+}
+
+TEST(SafetensorsMpi, RefusesInPlaceWritesAlike) {
+  const Scratch scratch;
+  const kshard::Mesh<1> line(MPI_COMM_WORLD, {kshard::test::world_size()});
+  const kshard::Layout layout(kshard::Shard<0>{});
+  const auto full = kshard::test::reference_matrix<float>(6, 4, 31);
+  const fs::path path = scratch / "m.safetensors";
+  const fs::path undo = scratch / "m.undo";
+  const auto original = checkpoint_image(full);
+  write_file(path, original);
+  const io::SafetensorsFile file(line, path);
+  const auto matrix = io::read_matrix<float, ExecSpace, MemSpace>(file, "weight", line, layout);
+  auto refused = [&](std::vector<io::TensorUpdate> updates, const std::string& phrase) {
+    const std::string message =
+        kshard::test::collective_error([&] { io::write_rows_in_place(line, file, updates, undo); });
+    EXPECT_NE(message.find(phrase), std::string::npos) << message;
+    EXPECT_TRUE(kshard::test::all_ranks(read_file(path) == original));
+  };
+  refused({io::replace("weight", matrix)}, "has no rows");
+  refused({io::replace_rows("weight", matrix, {6})},
+          "row id 6 of tensor 'weight' is outside [0, 6)");
+  refused({io::replace_rows("weight", matrix, {-1})}, "row id -1");
+  EXPECT_FALSE(fs::exists(undo));
+  kshard::test::expect_collective_refusal(
+      "rows differ", {"the rows of 'weight' to replace differs between ranks"},
+      [&](bool here) {
+        io::write_rows_in_place(
+            line, file, {io::replace_rows("weight", matrix, {here ? index_t{1} : 2})}, undo);
+      },
+      {}, /*one_rank_only=*/true);
+  EXPECT_FALSE(fs::exists(undo));
+
+  if (kshard::test::world_rank() == 0) fs::permissions(path, fs::perms::owner_read);
+  MPI_Barrier(MPI_COMM_WORLD);
+  refused({io::replace_rows("weight", matrix, {1})}, "is read-only");
+  EXPECT_FALSE(fs::exists(undo));
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank has looked before rank 0 makes one
+  if (kshard::test::world_rank() == 0)
+    fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write);
+  write_file(undo, original);  // not an undo file
+  refused({io::replace_rows("weight", matrix, {1})}, "exists already");
+  const std::string message =
+      kshard::test::collective_error([&] { io::undo_in_place(line, undo); });
+  EXPECT_NE(message.find("is not a kshard undo file"), std::string::npos) << message;
+}
+
 }  // namespace

@@ -40,6 +40,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -246,13 +247,18 @@ std::optional<std::string> attempt(Step&& step) {
   return std::nullopt;
 }
 
-// This rank's part of a matrix transfer: its shard's datatypes when it holds a block's first
-// copy (the ranks that read or write the file), none otherwise.
+// True where this rank holds the first copy of its block: the ranks that read or write it.
+template <class M>
+bool transfers(const M& matrix) {
+  return M::layout_type::is_first_copy(matrix.mesh().coords(), {0, 1});
+}
+
+// This rank's part of a whole-matrix transfer: its shard's datatypes, or none.
 template <class M>
 ShardTypes transfer_types(const M& matrix) {
-  using L = typename M::layout_type;
-  if (!L::is_first_copy(matrix.mesh().coords(), {0, 1})) return {};
-  return shard_types(matrix.mapping(), static_cast<int>(sizeof(typename M::value_type)));
+  if (!transfers(matrix)) return {};
+  return shard_types(matrix.mapping(), matrix.mapping().rows.runs(),
+                     static_cast<int>(sizeof(typename M::value_type)));
 }
 
 // One collective transfer of a shard through the view at `offset`: `io(data, count, type,
@@ -318,16 +324,63 @@ DistMatrix<T, L, ExecSpace, MemSpace> read_matrix(const SafetensorsFile& file,
   return matrix;
 }
 
-/// A matrix to write in place of the tensor of the same name (`replace`): its element type,
-/// shape and communicator, and how it writes its shard. Holds the matrix (a shared view).
+namespace detail {
+
+// This rank's part of an update: the datatypes and the packed bytes it writes (empty on ranks
+// that hold no first copy).
+struct UpdatePart {
+  ShardTypes types;
+  std::vector<std::byte> bytes;
+};
+
+// The part of `matrix` this rank writes: its whole shard, or with `rows`, the rows of them it
+// holds, packed in increasing id order.
+template <class M>
+UpdatePart update_part(const M& matrix, const std::optional<std::vector<index_t>>& rows) {
+  using T = typename M::value_type;
+  UpdatePart part;
+  if (!transfers(matrix)) return part;
+  const auto& map = matrix.mapping();
+  std::vector<IndexRun> runs;
+  if (rows) {
+    for (const index_t id : *rows)
+      if (const index_t local = map.rows.to_local(id); local != invalid_index)
+        runs.push_back({id, local, 1});
+  } else {
+    runs = map.rows.runs();
+  }
+  part.types = shard_types(map, runs, static_cast<int>(sizeof(T)));
+  const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
+  const auto row_bytes = static_cast<std::size_t>(map.cols.local_extent()) * sizeof(T);
+  part.bytes.resize(static_cast<std::size_t>(part.types.bytes));
+  std::size_t at = 0;
+  for (const IndexRun& run : runs) {
+    const std::size_t n = static_cast<std::size_t>(run.size) * row_bytes;
+    if (n > 0) std::memcpy(part.bytes.data() + at, &host(run.local_begin, 0), n);
+    at += n;
+  }
+  return part;
+}
+
+struct UpdateAccess;
+
+}  // namespace detail
+
+/// A matrix to write over the tensor of the same name (`replace`), or over some of its rows
+/// (`replace_rows`): its element type, shape and communicator, and how it packs its part.
+/// Holds the matrix (a shared view).
 class TensorUpdate {
  public:
   /// The tensor it replaces.
   [[nodiscard]] const std::string& name() const { return name_; }
+  /// The rows it replaces (sorted, unique), or nothing for the whole tensor.
+  [[nodiscard]] const std::optional<std::vector<index_t>>& rows() const { return row_ids_; }
 
  private:
   template <ValuedMatrix M>
   friend TensorUpdate replace(std::string name, const M& matrix);
+  template <ValuedMatrix M>
+  friend TensorUpdate replace_rows(std::string name, const M& matrix, std::vector<index_t> ids);
   friend struct detail::UpdateAccess;
 
   std::string name_;
@@ -336,8 +389,8 @@ class TensorUpdate {
   index_t rows_ = 0;
   index_t cols_ = 0;
   MPI_Comm comm_ = MPI_COMM_NULL;
-  // Writes this rank's part (first copies only) through the file at the tensor's offset.
-  std::function<void(detail::File&, MPI_Offset)> write_;
+  std::optional<std::vector<index_t>> row_ids_;
+  std::function<detail::UpdatePart(const std::optional<std::vector<index_t>>&)> part_;
 };
 
 /// `matrix` as the new value of tensor `name`; its dtype and shape must be the tensor's.
@@ -350,21 +403,33 @@ TensorUpdate replace(std::string name, const M& matrix) {
   update.rows_ = matrix.rows();
   update.cols_ = matrix.cols();
   update.comm_ = matrix.mesh().comm();
-  update.write_ = [matrix](detail::File& file, MPI_Offset offset) {
-    const detail::ShardTypes types = detail::transfer_types(matrix);
-    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
-    detail::transfer(file, offset, types, host.data(),
-                     [&](void* data, int count, MPI_Datatype type, index_t bytes) {
-                       file.write_all(data, count, type, bytes);
-                     });
+  update.part_ = [matrix](const std::optional<std::vector<index_t>>& rows) {
+    return detail::update_part(matrix, rows);
   };
+  return update;
+}
+
+/// Rows `ids` (global row ids in [0, rows), any order, repeats ignored) of `matrix` as the new
+/// value of the same rows of tensor `name`; for `write_rows_in_place`.
+template <ValuedMatrix M>
+TensorUpdate replace_rows(std::string name, const M& matrix, std::vector<index_t> ids) {
+  TensorUpdate update = replace(std::move(name), matrix);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  update.row_ids_ = std::move(ids);
   return update;
 }
 
 namespace detail {
 
 struct UpdateAccess {
-  static const auto& write(const TensorUpdate& u) { return u.write_; }
+  static UpdatePart part(const TensorUpdate& u) { return u.part_(u.row_ids_); }
+  static index_t row_bytes(const TensorUpdate& u) {
+    return u.cols_ * static_cast<index_t>(dtype_size(u.dtype_));
+  }
+  static Dtype dtype(const TensorUpdate& u) { return u.dtype_; }
+  static index_t cols(const TensorUpdate& u) { return u.cols_; }
+
   // Why `update` cannot replace a tensor of `file` (over `comm`), or nothing.
   static std::optional<std::string> problem(const TensorUpdate& u, const SafetensorsFile& file,
                                             MPI_Comm comm) {
@@ -383,22 +448,83 @@ struct UpdateAccess {
           "{} [{}, {}]",
           in_quotes(u.name_), file.path().string(), to_string(entry->dtype),
           shape_text(entry->shape), to_string(u.dtype_), u.rows_, u.cols_);
+    if (u.row_ids_ && !u.row_ids_->empty() &&
+        (u.row_ids_->front() < 0 || u.row_ids_->back() >= u.rows_))
+      return fmt::format("kshard::io: row id {} of tensor {} is outside [0, {})",
+                         u.row_ids_->front() < 0 ? u.row_ids_->front() : u.row_ids_->back(),
+                         in_quotes(u.name_), u.rows_);
     return std::nullopt;
   }
+
   static void agree_on(Agreement& agreement, const TensorUpdate& u) {
     kshard::detail::same_text(agreement, "the name of a tensor to replace", u.name_);
     agreement.same(fmt::format("the element type of {}", in_quotes(u.name_)), u.type_code_,
                    kshard::detail::render_type);
     agreement.same(fmt::format("the number of rows of {}", in_quotes(u.name_)), u.rows_);
     agreement.same(fmt::format("the number of columns of {}", in_quotes(u.name_)), u.cols_);
+    kshard::detail::Digest ids;
+    for (const index_t id : u.row_ids_.value_or(std::vector<index_t>{-1})) ids.add(id);
+    agreement.same(fmt::format("the rows of {} to replace", in_quotes(u.name_)), ids.value(),
+                   [](std::int64_t) { return std::string(); });
   }
 };
 
-// The file's bytes outside the replaced tensors, as [begin, end) ranges in file order.
+// The checks every write makes before touching a file: the same updates on every rank, each
+// valid for `file`, none twice. Settled by the caller (with its own checks added).
+inline void check_updates(Agreement& agreement, const SafetensorsFile& file,
+                          const std::vector<TensorUpdate>& updates, MPI_Comm comm) {
+  kshard::detail::same_text(agreement, "the input file", file.path().string());
+  agreement.same("the number of tensors to replace", static_cast<std::int64_t>(updates.size()));
+  for (const TensorUpdate& u : updates) {
+    UpdateAccess::agree_on(agreement, u);
+    agreement.problem(UpdateAccess::problem(u, file, comm));
+    if (std::count_if(updates.begin(), updates.end(),
+                      [&](const TensorUpdate& v) { return v.name() == u.name(); }) > 1)
+      agreement.problem(
+          fmt::format("kshard::io: tensor {} is replaced twice", in_quotes(u.name())));
+  }
+}
+
+// Writes every update's part through `out`, each at its tensor's offset in `file`'s layout.
+inline void write_updates(File& out, const SafetensorsFile& file,
+                          const std::vector<TensorUpdate>& updates) {
+  for (const TensorUpdate& u : updates) {
+    UpdatePart part = UpdateAccess::part(u);
+    transfer(out, static_cast<MPI_Offset>(file.file_offset(*file.header().find(u.name()))),
+             part.types, part.bytes.data(),
+             [&](void* data, int count, MPI_Datatype type, index_t bytes) {
+               out.write_all(data, count, type, bytes);
+             });
+  }
+}
+
+// Reads every update's part back through `in` and names the first that differs from what was
+// written.
+inline std::optional<std::string> verify_updates(File& in, const SafetensorsFile& file,
+                                                 const std::vector<TensorUpdate>& updates) {
+  std::optional<std::string> problem;
+  for (const TensorUpdate& u : updates) {
+    const UpdatePart part = UpdateAccess::part(u);
+    std::vector<std::byte> back(part.bytes.size());
+    transfer(in, static_cast<MPI_Offset>(file.file_offset(*file.header().find(u.name()))),
+             part.types, back.data(), [&](void* data, int count, MPI_Datatype type, index_t bytes) {
+               in.read_all(data, count, type, bytes);
+             });
+    if (!problem && back != part.bytes)
+      problem = fmt::format(
+          "kshard::io: tensor {} of '{}' reads back other bytes than were "
+          "written",
+          in_quotes(u.name()), file.path().string());
+  }
+  return problem;
+}
+
+// The file's bytes outside the tensors replaced whole, as [begin, end) ranges in file order.
 inline std::vector<std::pair<std::uint64_t, std::uint64_t>> kept_ranges(
     const SafetensorsFile& file, const std::vector<TensorUpdate>& updates) {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> replaced;
   for (const TensorUpdate& u : updates) {
+    if (u.rows()) continue;  // a rows update writes over its tensor's kept bytes
     const TensorEntry& entry = *file.header().find(u.name());
     replaced.emplace_back(file.file_offset(entry), file.file_offset(entry) + entry.bytes());
   }
@@ -479,7 +605,8 @@ inline void publish(const std::filesystem::path& partial, const std::filesystem:
   }
 }
 
-// Writes the new file under `partial`: kept bytes copied, updates written, synced and closed.
+// Writes the new file under `partial`: kept bytes copied, then the updates written over them
+// (so that a rows update lands on its tensor's copied bytes), synced and closed.
 inline void write_partial(MPI_Comm comm, const SafetensorsFile& source,
                           const std::filesystem::path& partial,
                           const std::vector<TensorUpdate>& updates) {
@@ -495,9 +622,7 @@ inline void write_partial(MPI_Comm comm, const SafetensorsFile& source,
                      kshard::detail::comm_size(comm));
         }));
   agree(comm, attempt([&] {
-          for (const TensorUpdate& u : updates)
-            UpdateAccess::write(u)(
-                *out, static_cast<MPI_Offset>(source.file_offset(*source.header().find(u.name()))));
+          write_updates(*out, source, updates);
           out->sync();
           out->close();
           in->close();
@@ -506,16 +631,16 @@ inline void write_partial(MPI_Comm comm, const SafetensorsFile& source,
 
 }  // namespace detail
 
-/// Writes a new checkpoint at `target`: the file `source` with the tensors named by `updates`
-/// replaced by their matrices (same dtype and shape, so the header is kept byte for byte).
-/// The bytes outside the replaced tensors are copied in equal parts by all ranks; each matrix
-/// is written by the first copies of its blocks (one `MPI_File_write_at_all`); the file is
-/// written as `target` + ".kshard-partial", synced, then renamed, so `target` is complete or
-/// untouched, and `source` is only read. Collective over `mesh`, which every matrix must live
-/// on. Every rank throws the same `kshard::error`, with `target` untouched, for a missing
-/// tensor, a dtype or shape that differs from the tensor's, a tensor given twice, arguments
-/// that differ between ranks, a target that is the source or in a folder that does not exist,
-/// and any failed read or write.
+/// Writes a new checkpoint at `target`: the file `source` with the tensors (or rows) named by
+/// `updates` replaced by their matrices (same dtype and shape, so the header is kept byte for
+/// byte). The bytes outside the tensors replaced whole are copied in equal parts by all ranks;
+/// each matrix is written by the first copies of its blocks (one `MPI_File_write_at_all`); the
+/// file is written as `target` + ".kshard-partial", synced, then renamed, so `target` is
+/// complete or untouched, and `source` is only read. Collective over `mesh`, which every matrix
+/// must live on. Every rank throws the same `kshard::error`, with `target` untouched, for a
+/// missing tensor, a dtype or shape that differs from the tensor's, a tensor given twice, row
+/// ids out of range, arguments that differ between ranks, a target that is the source or in a
+/// folder that does not exist, and any failed read or write.
 template <std::size_t N>
 void write_safetensors(const Mesh<N>& mesh, const SafetensorsFile& source,
                        const std::filesystem::path& target,
@@ -524,17 +649,8 @@ void write_safetensors(const Mesh<N>& mesh, const SafetensorsFile& source,
   const MPI_Comm comm = mesh.comm();
   const std::filesystem::path partial = detail::partial_path(target);
   detail::Agreement agreement(comm);
-  kshard::detail::same_text(agreement, "the input file", source.path().string());
   kshard::detail::same_text(agreement, "the output file", target.string());
-  agreement.same("the number of tensors to replace", static_cast<std::int64_t>(updates.size()));
-  for (const TensorUpdate& u : updates) {
-    detail::UpdateAccess::agree_on(agreement, u);
-    agreement.problem(detail::UpdateAccess::problem(u, source, comm));
-    if (std::count_if(updates.begin(), updates.end(),
-                      [&](const TensorUpdate& v) { return v.name() == u.name(); }) > 1)
-      agreement.problem(
-          fmt::format("kshard::io: tensor {} is replaced twice", detail::in_quotes(u.name())));
-  }
+  detail::check_updates(agreement, source, updates, comm);
   if (mesh.my_rank() == 0) {
     agreement.problem(detail::target_problem(source, target));
     std::filesystem::remove(partial);  // a run killed before its rename left it
@@ -548,6 +664,257 @@ void write_safetensors(const Mesh<N>& mesh, const SafetensorsFile& source,
   } catch (const error&) {
     if (mesh.my_rank() == 0) std::filesystem::remove(partial);
     throw;
+  }
+}
+
+namespace detail {
+
+// Metadata keys of an undo file (a safetensors file: tensor "<i>.rows" holds the row ids of
+// update i, "<i>.bytes" their original bytes).
+inline constexpr std::string_view undo_format = "kshard.undo";
+inline constexpr std::string_view undo_target = "kshard.target";
+inline constexpr std::string_view undo_target_size = "kshard.target_size";
+
+// Why `file` may not be written in place (rank 0's check): read-only by its mode (respected
+// even by root, who may write anyway) or by access().
+inline std::optional<std::string> writable_problem(const SafetensorsFile& file) {
+  struct stat info {};
+  if (::stat(file.path().c_str(), &info) != 0 ||
+      (info.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH)) == 0 ||
+      ::access(file.path().c_str(), W_OK) != 0)
+    return fmt::format("kshard::io: '{}' is read-only; nothing was written", file.path().string());
+  return std::nullopt;
+}
+
+// Writes `bytes` to `path` durably and atomically (partial name, fsync, rename).
+inline void write_durably(const std::filesystem::path& path, const std::vector<std::byte>& bytes) {
+  const std::filesystem::path partial = partial_path(path);
+  const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw error(
+        fmt::format("kshard::io: cannot create '{}': {}", partial.string(), std::strerror(errno)));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+  const bool ok = done == bytes.size() && ::fsync(fd) == 0;
+  ::close(fd);
+  io_stats().bytes_written += static_cast<std::int64_t>(done);
+  if (!ok) {
+    std::filesystem::remove(partial);
+    throw error(
+        fmt::format("kshard::io: writing '{}' failed: {}", partial.string(), std::strerror(errno)));
+  }
+  publish(partial, path);
+}
+
+// Rank 0: the undo file of `updates` (the current bytes of every row they replace).
+inline void write_undo(const SafetensorsFile& file, const std::vector<TensorUpdate>& updates,
+                       const std::filesystem::path& undo) {
+  std::vector<TensorSpec> specs;
+  std::vector<std::byte> data;
+  std::map<std::string, std::string> metadata{
+      {std::string(undo_format), "1"},
+      {std::string(undo_target), std::filesystem::absolute(file.path()).string()},
+      {std::string(undo_target_size), std::to_string(file.file_size())}};
+  const int fd = ::open(file.path().c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw error(fmt::format("kshard::io: cannot open '{}': {}", file.path().string(),
+                            std::strerror(errno)));
+  std::optional<std::string> problem;
+  for (std::size_t i = 0; i < updates.size() && !problem; ++i) {
+    const TensorUpdate& u = updates[i];
+    const std::vector<index_t>& ids = *u.rows();
+    const auto count = static_cast<std::int64_t>(ids.size());
+    const index_t row_bytes = UpdateAccess::row_bytes(u);
+    metadata[fmt::format("{}.name", i)] = u.name();
+    specs.push_back({fmt::format("{}.rows", i), Dtype::I64, {count}});
+    specs.push_back(
+        {fmt::format("{}.bytes", i), UpdateAccess::dtype(u), {count, UpdateAccess::cols(u)}});
+    const std::size_t ids_at = data.size();
+    data.resize(ids_at + ids.size() * sizeof(index_t));
+    std::memcpy(data.data() + ids_at, ids.data(), ids.size() * sizeof(index_t));
+    const std::uint64_t offset = file.file_offset(*file.header().find(u.name()));
+    for (const index_t id : ids) {
+      const std::size_t at = data.size();
+      data.resize(at + static_cast<std::size_t>(row_bytes));
+      problem =
+          pread_exactly(fd, data.data() + at, static_cast<std::uint64_t>(row_bytes),
+                        offset + static_cast<std::uint64_t>(id * row_bytes), file.path().string());
+      if (problem) break;
+    }
+  }
+  ::close(fd);
+  if (problem) throw error(*problem);
+  std::vector<std::byte> bytes =
+      serialize_safetensors_header(make_safetensors_header(specs, metadata));
+  bytes.insert(bytes.end(), data.begin(), data.end());
+  write_durably(undo, bytes);
+}
+
+// Writes the updates' rows into `file` itself, fsyncs, and reads them back.
+inline void write_rows(MPI_Comm comm, const SafetensorsFile& file,
+                       const std::vector<TensorUpdate>& updates) {
+  {
+    std::optional<File> out;
+    agree(comm, attempt([&] { out.emplace(comm, file.path().string(), MPI_MODE_WRONLY); }));
+    agree(comm, attempt([&] {
+            write_updates(*out, file, updates);
+            out->sync();
+            out->close();
+          }));
+  }
+  std::optional<File> in;
+  agree(comm, attempt([&] { in.emplace(comm, file.path().string(), MPI_MODE_RDONLY); }));
+  std::optional<std::string> problem;
+  problem = attempt([&] {
+    if (auto differs = verify_updates(*in, file, updates)) throw error(*differs);
+    in->close();
+  });
+  agree(comm, problem);
+}
+
+}  // namespace detail
+
+namespace detail {
+
+// The value of metadata `key` of an undo file, or an error naming the file.
+inline const std::string& undo_field(const SafetensorsFile& undo, std::string_view key) {
+  const auto it = undo.header().metadata.find(std::string(key));
+  if (it == undo.header().metadata.end())
+    throw error(fmt::format("kshard::io: '{}' is not a kshard undo file (no {} in its metadata)",
+                            undo.path().string(), key));
+  return it->second;
+}
+
+// Rank 0: writes the saved rows of `undo` back into `target`, fsyncs, and reads them back.
+inline void restore_rows(const SafetensorsFile& undo, const SafetensorsFile& target) {
+  const std::string where = target.path().string();
+  if (undo_field(undo, undo_target_size) != std::to_string(target.file_size()))
+    throw error(fmt::format("kshard::io: '{}' has {} bytes, but the undo file was made for {}",
+                            where, target.file_size(), undo_field(undo, undo_target_size)));
+  const int in = ::open(undo.path().c_str(), O_RDONLY | O_CLOEXEC);
+  const int out = ::open(target.path().c_str(), O_RDWR | O_CLOEXEC);
+  std::optional<std::string> problem;
+  if (in < 0 || out < 0)
+    problem = fmt::format("kshard::io: cannot open '{}' or '{}': {}", undo.path().string(), where,
+                          std::strerror(errno));
+  for (std::size_t i = 0; !problem; ++i) {
+    const auto name = undo.header().metadata.find(fmt::format("{}.name", i));
+    if (name == undo.header().metadata.end()) break;
+    const TensorEntry* rows = undo.header().find(fmt::format("{}.rows", i));
+    const TensorEntry* saved = undo.header().find(fmt::format("{}.bytes", i));
+    const TensorEntry* entry = target.header().find(name->second);
+    if (rows == nullptr || saved == nullptr || rows->dtype != Dtype::I64 || entry == nullptr ||
+        saved->dtype != entry->dtype || entry->shape.size() != 2 ||
+        saved->shape != std::vector<std::int64_t>{rows->shape[0], entry->shape[1]}) {
+      problem = fmt::format("kshard::io: the undo file does not match tensor {} of '{}'",
+                            in_quotes(name->second), where);
+      break;
+    }
+    std::vector<index_t> ids(static_cast<std::size_t>(rows->shape[0]));
+    std::vector<std::byte> bytes(saved->bytes());
+    std::vector<std::byte> back(bytes.size());
+    problem =
+        pread_exactly(in, ids.data(), rows->bytes(), undo.file_offset(*rows), undo.path().string());
+    if (!problem)
+      problem = pread_exactly(in, bytes.data(), bytes.size(), undo.file_offset(*saved),
+                              undo.path().string());
+    const std::uint64_t row_bytes = bytes.size() / std::max<std::size_t>(ids.size(), 1);
+    for (std::size_t r = 0; r < ids.size() && !problem; ++r) {
+      if (ids[r] < 0 || ids[r] >= entry->shape[0]) {
+        problem = fmt::format("kshard::io: the undo file names row {} of tensor {}, which has {}",
+                              ids[r], in_quotes(name->second), entry->shape[0]);
+        break;
+      }
+      const std::uint64_t at =
+          target.file_offset(*entry) + static_cast<std::uint64_t>(ids[r]) * row_bytes;
+      if (::pwrite(out, bytes.data() + r * row_bytes, row_bytes, static_cast<off_t>(at)) !=
+          static_cast<ssize_t>(row_bytes))
+        problem = fmt::format("kshard::io: writing '{}' failed: {}", where, std::strerror(errno));
+      io_stats().bytes_written += static_cast<std::int64_t>(row_bytes);
+      if (!problem && ::fsync(out) == 0)
+        problem = pread_exactly(out, back.data() + r * row_bytes, row_bytes, at, where);
+    }
+    if (!problem && back != bytes)
+      problem = fmt::format(
+          "kshard::io: tensor {} of '{}' reads back other bytes than the undo "
+          "file holds",
+          in_quotes(name->second), where);
+  }
+  if (in >= 0) ::close(in);
+  if (out >= 0) ::close(out);
+  if (problem) throw error(*problem);
+}
+
+}  // namespace detail
+
+/// Restores the rows that `write_rows_in_place` replaced, from its undo file `undo`, into the
+/// checkpoint the undo file names (after checking that it is that file: same size, the same
+/// tensors, dtypes and widths), fsyncs, verifies, and removes `undo`. Collective over `mesh`;
+/// rank 0 does the writing. Every rank throws the same `kshard::error` for an undo file that
+/// is missing, not kshard's or does not match the checkpoint, with the checkpoint untouched.
+template <std::size_t N>
+void undo_in_place(const Mesh<N>& mesh, const std::filesystem::path& undo) {
+  const kshard::detail::Operation operation("io::undo_in_place");
+  const SafetensorsFile saved(mesh, undo);
+  std::string target_path;
+  detail::agree(mesh.comm(), detail::attempt([&] {
+                  static_cast<void>(detail::undo_field(saved, detail::undo_format));
+                  target_path = detail::undo_field(saved, detail::undo_target);
+                }));
+  const SafetensorsFile target(mesh, target_path);
+  detail::agree(mesh.comm(), detail::attempt([&] {
+                  if (mesh.my_rank() != 0) return;
+                  detail::restore_rows(saved, target);
+                  std::filesystem::remove(undo);
+                }));
+}
+
+/// Writes the rows of `updates` (made with `replace_rows`) into `file` itself, and nothing
+/// else: first rank 0 saves the rows' current bytes to the undo file `undo` (written under a
+/// temporary name, fsynced, renamed), then the ranks holding first copies write their parts of
+/// the rows (one `MPI_File_write_at_all` per tensor), fsync, and read them back to verify. A
+/// failed write or verification restores the rows from `undo`; after success `undo` stays, for
+/// `undo_in_place`. Collective over `mesh`. Every rank throws the same `kshard::error`, nothing
+/// written, for the refusals of `write_safetensors`, an update without rows, a file whose mode
+/// is read-only, and an `undo` that already exists (an earlier write not undone or removed).
+/// Rank 0 holds all replaced rows in memory while it writes the undo file.
+template <std::size_t N>
+void write_rows_in_place(const Mesh<N>& mesh, const SafetensorsFile& file,
+                         const std::vector<TensorUpdate>& updates,
+                         const std::filesystem::path& undo) {
+  const kshard::detail::Operation operation("io::write_rows_in_place");
+  const MPI_Comm comm = mesh.comm();
+  detail::Agreement agreement(comm);
+  kshard::detail::same_text(agreement, "the undo file", undo.string());
+  detail::check_updates(agreement, file, updates, comm);
+  for (const TensorUpdate& u : updates)
+    if (!u.rows())
+      agreement.problem(
+          fmt::format("kshard::io: the update of tensor {} has no rows; in-place "
+                      "writes take replace_rows(name, matrix, ids)",
+                      detail::in_quotes(u.name())));
+  if (mesh.my_rank() == 0) {
+    agreement.problem(detail::writable_problem(file));
+    if (std::filesystem::exists(undo))
+      agreement.problem(
+          fmt::format("kshard::io: the undo file '{}' exists already; undo that "
+                      "write or remove the file first",
+                      undo.string()));
+  }
+  agreement.settle();
+  detail::agree(comm, detail::attempt([&] {
+                  if (mesh.my_rank() == 0) detail::write_undo(file, updates, undo);
+                }));
+  try {
+    detail::write_rows(comm, file, updates);
+  } catch (const error& e) {
+    undo_in_place(mesh, undo);
+    throw error(fmt::format("{} (the rows were restored from '{}')", e.what(), undo.string()));
   }
 }
 

@@ -92,10 +92,14 @@ struct ShardTypes {
   index_t bytes = 0;
 };
 
+// The shard types for rows `row_runs` (a subset of the shard's rows, in increasing order; the
+// memory side holds them packed in that order) and all the shard's columns.
 template <std::size_t N>
-ShardTypes shard_types(const LayoutMapping<N>& mapping, int element_bytes) {
+ShardTypes shard_types(const LayoutMapping<N>& mapping, const std::vector<IndexRun>& row_runs,
+                       int element_bytes) {
   ShardTypes types;
-  const index_t rows = mapping.rows.local_extent();
+  index_t rows = 0;
+  for (const IndexRun& run : row_runs) rows += run.size;
   const index_t cols = mapping.cols.local_extent();
   if (rows == 0 || cols == 0) return types;
   const auto row_bytes = static_cast<MPI_Aint>(mapping.cols.global_extent()) * element_bytes;
@@ -106,7 +110,7 @@ ShardTypes shard_types(const LayoutMapping<N>& mapping, int element_bytes) {
   MPI_Datatype row = MPI_DATATYPE_NULL;  // the row's selected columns, extent: one whole row
   check_mpi(MPI_Type_create_resized(row_part, 0, row_bytes, &row), "MPI_Type_create_resized");
   MPI_Type_free(&row_part);
-  MPI_Datatype file = runs_type(mapping.rows.runs(), row_bytes, row);
+  MPI_Datatype file = runs_type(row_runs, row_bytes, row);
   MPI_Type_free(&row);
   types.file = Datatype(file);
   types.memory = Datatype(contiguous_bytes(cols, element_bytes));
