@@ -13,7 +13,10 @@
 #include <string>
 #include <vector>
 
+#include <fmt/ranges.h>
+
 #include "kshard/distribute.hpp"
+#include "kshard/format.hpp"
 #include "kshard/io/safetensors.hpp"
 #include "kshard/rowwise.hpp"
 #include "kshard_test.hpp"
@@ -123,6 +126,8 @@ void expect_holds(const M& matrix, const kshard::HostMatrix<T>& full) {
 template <class T, std::size_t N, class L>
 void round_trip(const Scratch& scratch, const kshard::Mesh<N>& mesh, const L& layout, index_t rows,
                 index_t cols) {
+  SCOPED_TRACE(fmt::format("{} x {} on mesh ({}), layout {}", rows, cols,
+                           fmt::join(mesh.shape(), ", "), layout));
   const auto full = kshard::test::reference_matrix<T>(rows, cols, 17);
   const fs::path source = scratch / "in.safetensors";
   const fs::path target = scratch / "out.safetensors";

@@ -273,8 +273,33 @@ void transfer(File& file, MPI_Offset offset, const ShardTypes& types, void* data
 }  // namespace detail
 
 namespace detail {
-struct UpdateAccess;
+
+// The collective read of `entry` into `matrix`, whose shape and dtype were agreed on: the
+// first copies read their blocks, the replicas receive them by broadcast.
+template <class M>
+void read_shard(const SafetensorsFile& file, const TensorEntry& entry, const M& matrix) {
+  using L = typename M::layout_type;
+  const auto& mesh = matrix.mesh();
+  auto host = Kokkos::create_mirror_view(matrix.local());
+  ShardTypes types;
+  std::optional<File> handle;
+  agree(mesh.comm(), attempt([&] {
+          types = transfer_types(matrix);
+          handle.emplace(mesh.comm(), file.path().string(), MPI_MODE_RDONLY);
+        }));
+  agree(mesh.comm(), attempt([&] {
+          transfer(*handle, static_cast<MPI_Offset>(file.file_offset(entry)), types, host.data(),
+                   [&](void* data, int count, MPI_Datatype type, index_t bytes) {
+                     handle->read_all(data, count, type, bytes);
+                   });
+          handle->close();
+        }));
+  if (auto group = replica_group<L>(mesh))
+    broadcast_bytes(host.data(), host.size() * sizeof(typename M::value_type), group->get());
+  if (host.data() != matrix.local().data()) Kokkos::deep_copy(matrix.local(), host);
 }
+
+}  // namespace detail
 
 /// Reads tensor `name` of `file` as a `DistMatrix<T, L, ExecSpace, MemSpace>` over `mesh`:
 /// each rank that holds the first copy of a block reads exactly that block's bytes (one
@@ -302,26 +327,25 @@ DistMatrix<T, L, ExecSpace, MemSpace> read_matrix(const SafetensorsFile& file,
   const TensorEntry& entry = *file.header().find(name);
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, entry.shape[0], entry.shape[1],
                                                std::string(name));
-  auto host = Kokkos::create_mirror_view(matrix.local());
-  detail::ShardTypes types;
-  std::optional<detail::File> handle;
-  auto problem = detail::attempt([&] {
-    types = detail::transfer_types(matrix);
-    handle.emplace(mesh.comm(), file.path().string(), MPI_MODE_RDONLY);
-  });
-  detail::agree(mesh.comm(), problem);
-  problem = detail::attempt([&] {
-    detail::transfer(*handle, static_cast<MPI_Offset>(file.file_offset(entry)), types, host.data(),
-                     [&](void* data, int count, MPI_Datatype type, index_t bytes) {
-                       handle->read_all(data, count, type, bytes);
-                     });
-    handle->close();
-  });
-  detail::agree(mesh.comm(), problem);
-  if (auto group = detail::replica_group<L>(mesh))
-    detail::broadcast_bytes(host.data(), host.size() * sizeof(T), group->get());
-  Kokkos::deep_copy(matrix.local(), host);
+  detail::read_shard(file, entry, matrix);
   return matrix;
+}
+
+/// Reads tensor `name` of `file` into the existing `matrix` (a training loop's buffers,
+/// reloaded without allocating), as `read_matrix` reads. Collective over its mesh; every rank
+/// throws the same `kshard::error`, with `matrix` unchanged, for the refusals of `read_matrix`
+/// and a tensor whose shape is not the matrix's.
+template <ValuedMatrix M>
+void read_into(const SafetensorsFile& file, std::string_view name, const M& matrix) {
+  using T = typename M::value_type;
+  const kshard::detail::Operation operation("io::read_into");
+  detail::Agreement agreement(matrix.mesh().comm());
+  kshard::detail::same_text(agreement, "the tensor name", std::string(name));
+  kshard::detail::same_text(agreement, "the file path", file.path().string());
+  kshard::detail::same_matrix(agreement, matrix, "the matrix");
+  agreement.problem(detail::matrix_problem<T>(file, name, matrix.rows(), matrix.cols()));
+  agreement.settle();
+  detail::read_shard(file, *file.header().find(name), matrix);
 }
 
 namespace detail {
@@ -344,7 +368,12 @@ UpdatePart update_part(const M& matrix, const std::optional<std::vector<index_t>
   std::vector<IndexRun> runs;
   if (rows) {
     for (const index_t id : *rows)
-      if (const index_t local = map.rows.to_local(id); local != invalid_index)
+      if (const index_t local = map.rows.to_local(id); local == invalid_index)
+        continue;
+      else if (!runs.empty() && runs.back().global_end() == id &&
+               runs.back().local_begin + runs.back().size == local)
+        ++runs.back().size;  // consecutive in the file and in the shard: one run
+      else
         runs.push_back({id, local, 1});
   } else {
     runs = map.rows.runs();

@@ -1,0 +1,220 @@
+#pragma once
+
+/// \file
+/// A Hugging Face checkpoint: one `.safetensors` file, or a folder holding `model.safetensors`
+/// or shards listed by `model.safetensors.index.json` (its `weight_map` names each tensor's
+/// file), with the `config.json` fields the repair needs.
+///
+///     kshard::io::Checkpoint model(mesh, "path/to/model");   // collective; rank 0 reads
+///     const auto& file = model.file_of("model.embed_tokens.weight");
+///     auto pad = model.config().pad_token_id;
+///
+/// Opening costs one header read per file (rank 0) and one broadcast per JSON file; every rank
+/// throws the same `kshard::error` for a missing path, an index that is not JSON, names a file
+/// outside the folder or a tensor its file lacks, and a config.json field of the wrong type.
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kshard/detail/agreement.hpp"
+#include "kshard/error.hpp"
+#include "kshard/io/safetensors.hpp"
+#include "kshard/mesh.hpp"
+
+namespace kshard::io {
+
+/// The `config.json` fields kshard uses; each unset when absent or null.
+struct ModelConfig {
+  std::optional<bool> tie_word_embeddings;  ///< the LM head shares the input embedding's storage
+  std::optional<index_t> pad_token_id;      ///< the padding id (zeroed on purpose in many models)
+  std::optional<index_t> vocab_size;        ///< the tokenizer's vocabulary size
+};
+
+/// The name of the index file of a sharded checkpoint.
+inline constexpr std::string_view safetensors_index_name = "model.safetensors.index.json";
+/// The name of the single file of an unsharded checkpoint folder.
+inline constexpr std::string_view safetensors_single_name = "model.safetensors";
+
+namespace detail {
+
+// The largest JSON file (index or config) kshard reads: real ones are kilobytes.
+inline constexpr std::uint64_t max_json_file_size = std::uint64_t{64} << 20;
+
+// Rank 0 reads a small text file, every rank gets its bytes (nullopt when it does not exist).
+// Every rank throws the same error when it cannot be read or is too large.
+inline std::optional<std::string> read_small_file(MPI_Comm comm,
+                                                  const std::filesystem::path& path) {
+  std::optional<std::string> problem;
+  std::string text;
+  std::int64_t state = 0;  // 0: absent, 1: read
+  if (kshard::detail::comm_rank(comm) == 0 && std::filesystem::exists(path)) {
+    state = 1;
+    problem = attempt([&] {
+      const std::uint64_t size = std::filesystem::file_size(path);
+      if (size > max_json_file_size)
+        throw error(
+            fmt::format("kshard::io: '{}' has {} bytes, more than the {} a JSON file of a "
+                        "checkpoint may have",
+                        path.string(), size, max_json_file_size));
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0)
+        throw error(
+            fmt::format("kshard::io: cannot open '{}': {}", path.string(), std::strerror(errno)));
+      text.resize(size);
+      auto failed = pread_exactly(fd, text.data(), size, 0, path.string());
+      ::close(fd);
+      if (failed) throw error(*failed);
+    });
+  }
+  agree(comm, problem);
+  std::array<std::int64_t, 2> header{state, static_cast<std::int64_t>(text.size())};
+  kshard::detail::broadcast(header.data(), 2, 0, comm);
+  if (header[0] == 0) return std::nullopt;
+  text.resize(static_cast<std::size_t>(header[1]));
+  broadcast_bytes(text.data(), text.size(), comm);
+  return text;
+}
+
+// Parses JSON text that every rank holds alike (so every rank throws the same message).
+inline nlohmann::json parse_json(const std::string& text, const std::filesystem::path& path) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw error(fmt::format("kshard::io: '{}' is not valid JSON: {}", path.string(), e.what()));
+  }
+}
+
+// Field `key` of `config` as T, unset when absent or null, an error when of another type.
+template <class T>
+std::optional<T> config_field(const nlohmann::json& config, const char* key,
+                              const std::filesystem::path& path) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return std::nullopt;
+  const bool fits = std::is_same_v<T, bool> ? it->is_boolean() : it->is_number_integer();
+  if (!fits)
+    throw error(fmt::format("kshard::io: '{}' field \"{}\" is {}, not {}", path.string(), key,
+                            it->dump(), std::is_same_v<T, bool> ? "true or false" : "an integer"));
+  return it->template get<T>();
+}
+
+inline ModelConfig parse_config(const std::string& text, const std::filesystem::path& path) {
+  const nlohmann::json config = parse_json(text, path);
+  if (!config.is_object())
+    throw error(fmt::format("kshard::io: '{}' is not a JSON object", path.string()));
+  return {config_field<bool>(config, "tie_word_embeddings", path),
+          config_field<index_t>(config, "pad_token_id", path),
+          config_field<index_t>(config, "vocab_size", path)};
+}
+
+// The index's weight_map: tensor name -> file name, each a plain name inside the folder.
+inline std::map<std::string, std::string> parse_weight_map(const std::string& text,
+                                                           const std::filesystem::path& path) {
+  const nlohmann::json index = parse_json(text, path);
+  const auto map = index.is_object() ? index.find("weight_map") : index.end();
+  if (map == index.end() || !map->is_object())
+    throw error(fmt::format("kshard::io: '{}' has no \"weight_map\" object", path.string()));
+  std::map<std::string, std::string> result;
+  for (const auto& [tensor, file] : map->items()) {
+    const std::string name = file.is_string() ? file.get<std::string>() : std::string();
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+      throw error(
+          fmt::format("kshard::io: '{}' maps tensor {} to {}, which is not a file name "
+                      "in the checkpoint's folder",
+                      path.string(), in_quotes(tensor), file.dump()));
+    result.emplace(tensor, name);
+  }
+  return result;
+}
+
+}  // namespace detail
+
+/// A checkpoint opened on a mesh: its safetensors files (headers validated), which file holds
+/// each tensor, and its config. Collective to open; the queries are local.
+class Checkpoint {
+ public:
+  /// Opens `path`: a `.safetensors` file, or a folder with `model.safetensors.index.json` (a
+  /// sharded checkpoint) or `model.safetensors`, and optionally `config.json`. Collective over
+  /// `mesh`; see the file comment for the errors.
+  template <std::size_t N>
+  Checkpoint(const Mesh<N>& mesh, std::filesystem::path path) : path_(std::move(path)) {
+    const kshard::detail::Operation operation("io::Checkpoint");
+    const MPI_Comm comm = mesh.comm();
+    detail::Agreement agreement(comm);
+    kshard::detail::same_text(agreement, "the checkpoint path", path_.string());
+    agreement.settle();
+    std::int64_t is_folder = mesh.my_rank() == 0 && std::filesystem::is_directory(path_);
+    kshard::detail::broadcast(&is_folder, 1, 0, comm);
+    folder_ = is_folder != 0;
+    if (!folder_) {
+      files_.emplace_back(mesh, path_);
+      for (const auto& tensor : files_[0].header().tensors) file_index_[tensor.name] = 0;
+      return;
+    }
+    if (auto text = detail::read_small_file(comm, path_ / "config.json"))
+      config_ = detail::parse_config(*text, path_ / "config.json");
+    const auto index_path = path_ / safetensors_index_name;
+    const auto index = detail::read_small_file(comm, index_path);
+    if (!index) {
+      files_.emplace_back(mesh, path_ / safetensors_single_name);
+      for (const auto& tensor : files_[0].header().tensors) file_index_[tensor.name] = 0;
+      return;
+    }
+    const auto weight_map = detail::parse_weight_map(*index, index_path);
+    std::map<std::string, std::size_t> opened;
+    for (const auto& [tensor, file] : weight_map) {
+      auto [it, added] = opened.emplace(file, files_.size());
+      if (added) files_.emplace_back(mesh, path_ / file);
+      if (files_[it->second].header().find(tensor) == nullptr)
+        throw error(
+            fmt::format("kshard::io: '{}' maps tensor {} to '{}', which has no such "
+                        "tensor",
+                        index_path.string(), detail::in_quotes(tensor), file));
+      file_index_[tensor] = it->second;
+    }
+  }
+
+  /// The path it was opened from.
+  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
+  /// True for a checkpoint folder, false for a single file.
+  [[nodiscard]] bool is_folder() const { return folder_; }
+  /// config.json's fields (all unset without one).
+  [[nodiscard]] const ModelConfig& config() const { return config_; }
+  /// Its safetensors files, in the order first named.
+  [[nodiscard]] const std::vector<SafetensorsFile>& files() const { return files_; }
+  /// True when some file holds tensor `name`.
+  [[nodiscard]] bool contains(std::string_view name) const {
+    return file_index_.find(std::string(name)) != file_index_.end();
+  }
+  /// Every tensor name, sorted.
+  [[nodiscard]] std::vector<std::string> tensor_names() const {
+    std::vector<std::string> names;
+    for (const auto& [name, file] : file_index_) names.push_back(name);
+    return names;
+  }
+  /// The file holding tensor `name`; throws `kshard::error` (locally: the names are the same on
+  /// every rank) when none does.
+  [[nodiscard]] const SafetensorsFile& file_of(std::string_view name) const {
+    const auto it = file_index_.find(std::string(name));
+    if (it == file_index_.end())
+      throw error(fmt::format("kshard::io: the checkpoint '{}' has no tensor {}", path_.string(),
+                              detail::in_quotes(name)));
+    return files_[it->second];
+  }
+
+ private:
+  std::filesystem::path path_;
+  bool folder_ = false;
+  ModelConfig config_;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, std::size_t> file_index_;
+};
+
+}  // namespace kshard::io
