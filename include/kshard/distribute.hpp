@@ -6,10 +6,12 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <array>
 #include <cstddef>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -26,6 +28,12 @@ namespace kshard {
 template <class T>
 using HostMatrix = Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace>;
 
+/// The one rank that holds the whole matrix in `distribute(..., Root)` and `gather(..., Root)`
+/// (DTensor's `src_data_rank`): `kshard::Root{0}`. Every rank must pass the same one.
+struct Root {
+  int rank = 0;  ///< a rank of the mesh's communicator (`Mesh::my_rank()` numbering)
+};
+
 namespace detail {
 
 // Calls `copy(local_row, global_row, local_col, global_col, length)` for every stretch of a
@@ -38,6 +46,99 @@ void for_each_shard_segment(const LayoutMapping<N>& mapping, Copy&& copy) {
       for (const IndexRun& cols : col_runs)
         copy(rows.local_begin + r, rows.global_begin + r, cols.local_begin, cols.global_begin,
              cols.size);
+}
+
+// False on the addends that must be zero for a Partial sum (coordinate != 0 along a sum).
+template <class L>
+bool holds_value(const std::array<int, L::rank>& coords) {
+  for (std::size_t m = 0; m < L::rank; ++m)
+    if (L::kinds[m] == PlacementKind::partial && L::partial_op(m) == ReduceOp::sum &&
+        coords[m] != 0)
+      return false;
+  return true;
+}
+
+// One MPI message holding the whole shards of some ranks, in rank order: rank r's block has
+// `counts[r]` elements (row-major, like its local view) at offset `displs[r]`.
+struct Packing {
+  std::vector<int> counts;
+  std::vector<int> displs;
+  int total = 0;
+};
+
+// The packing of the shards of the ranks whose coordinates `takes`. Every rank computes all of
+// it from agreed values, so a message past INT_MAX elements is the same error on every rank.
+template <class Matrix, class Takes>
+Packing pack_shards(const Matrix& matrix, Takes&& takes, const char* what) {
+  const auto& mesh = matrix.mesh();
+  Packing packing{std::vector<int>(mesh.size()), std::vector<int>(mesh.size()), 0};
+  index_t total = 0;
+  for (int r = 0; r < mesh.size(); ++r) {
+    const auto coords = mesh.coords_of(r);
+    const index_t n = takes(coords) ? matrix.mapping_of(coords).local_size() : 0;
+    packing.displs[r] = mpi_count(total, what);
+    packing.counts[r] = mpi_count(n, what);
+    total += n;
+  }
+  packing.total = mpi_count(total, what);
+  return packing;
+}
+
+// The first copy of each block, so that a gather moves every element once.
+template <class Matrix>
+Packing first_copies(const Matrix& matrix) {
+  using L = typename Matrix::layout_type;
+  const auto first = [](const auto& coords) { return L::is_first_copy(coords, {0, 1}); };
+  return pack_shards(matrix, first, "kshard::gather");
+}
+
+// Calls `copy(global_row, global_col, offset, length)` for every stretch of the packed blocks
+// that is contiguous in the global matrix (`offset`: into the message).
+template <class Matrix, class Copy>
+void for_each_packed_segment(const Matrix& matrix, const Packing& packing, Copy&& copy) {
+  const auto& mesh = matrix.mesh();
+  for (int r = 0; r < mesh.size(); ++r) {
+    if (packing.counts[r] == 0) continue;
+    const auto mapping = matrix.mapping_of(mesh.coords_of(r));
+    const index_t width = mapping.cols.local_extent();
+    for_each_shard_segment(mapping, [&](index_t lr, index_t gr, index_t lc, index_t gc, index_t n) {
+      copy(gr, gc, packing.displs[r] + lr * width + lc, n);
+    });
+  }
+}
+
+// The whole matrix from the packed blocks of a gather.
+template <class Matrix, class T>
+HostMatrix<T> unpack(const Matrix& matrix, const Packing& packing, const T* received) {
+  HostMatrix<T> full("kshard::gather", static_cast<std::size_t>(matrix.rows()),
+                     static_cast<std::size_t>(matrix.cols()));
+  for_each_packed_segment(matrix, packing, [&](index_t gr, index_t gc, index_t offset, index_t n) {
+    std::memcpy(&full(gr, gc), received + offset, static_cast<std::size_t>(n) * sizeof(T));
+  });
+  return full;
+}
+
+// Every rank passes the same root, and it is a rank of the mesh: checked before any collective
+// uses it, since MPI would hang or fail on one rank only.
+inline void same_root(Agreement& agreement, Root root, int size) {
+  agreement.same("the root rank", root.rank);
+  if (root.rank < 0 || root.rank >= size)
+    agreement.problem(fmt::format(
+        "kshard::{}: the root rank {} is not a rank of the mesh, whose ranks are 0 to {}",
+        operation_name(), root.rank, size - 1));
+}
+
+// What a gather checks: the same matrix on every rank, and a whole matrix whose bytes `where`
+// (the ranks that receive it) can count.
+template <class Matrix>
+void gather_checks(Agreement& agreement, const Matrix& matrix, std::string_view where) {
+  same_matrix(agreement, matrix, "the matrix");
+  if (!fits_in_bytes<typename Matrix::value_type>(matrix.rows(), matrix.cols()))
+    agreement.problem(fmt::format(
+        "kshard::gather: the whole {} x {} matrix of {}-byte elements needs more than the limit "
+        "of {} bytes on {}",
+        matrix.rows(), matrix.cols(), sizeof(typename Matrix::value_type),
+        std::numeric_limits<index_t>::max(), where));
 }
 
 }  // namespace detail
@@ -54,11 +155,7 @@ DistMatrix<T, L, ExecSpace, MemSpace> distribute(const Mesh<M>& mesh, const L& l
   const detail::Operation operation("distribute");
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, static_cast<index_t>(full.extent(0)),
                                                static_cast<index_t>(full.extent(1)), label);
-  bool holds_value = true;  // false on the addends that must be zero for a Partial sum
-  for (std::size_t m = 0; m < M; ++m)
-    if (L::kinds[m] == PlacementKind::partial && L::partial_op(m) == ReduceOp::sum &&
-        mesh.coords()[m] != 0)
-      holds_value = false;
+  const bool holds_value = detail::holds_value<L>(mesh.coords());
   auto host = Kokkos::create_mirror_view(matrix.local());
   detail::for_each_shard_segment(matrix.mapping(),
                                  [&](index_t lr, index_t gr, index_t lc, index_t gc, index_t n) {
@@ -66,6 +163,50 @@ DistMatrix<T, L, ExecSpace, MemSpace> distribute(const Mesh<M>& mesh, const L& l
                                      host(lr, lc + j) = holds_value ? full(gr, gc + j) : T{};
                                  });
   Kokkos::deep_copy(matrix.local(), host);
+  return matrix;
+}
+
+/// Builds a `DistMatrix` from `full`, the whole matrix, held by rank `root` only (a scatter,
+/// like DTensor's `distribute_tensor(..., src_data_rank=root)`); the other ranks' `full` is
+/// ignored: pass an empty `HostMatrix<const T>()`. Same result as `distribute` above, Partial
+/// layouts included. Cost: a broadcast of the shape (16 bytes from the root), then one
+/// scatterv in which the root sends each rank its own shard (replicas receive their copy, the
+/// zero addends of a Partial sum nothing): the sum of those shards' bytes, packed in one host
+/// buffer on the root first. Collective: a root outside the mesh or different between ranks,
+/// ranks that disagree on the element type or layout, and a message longer than INT_MAX
+/// elements are the same `kshard::error` on every rank; the root's shape reaches every rank
+/// before any rank checks it.
+template <class ExecSpace = Kokkos::DefaultExecutionSpace,
+          class MemSpace = typename ExecSpace::memory_space, class T, std::size_t M, class L>
+DistMatrix<T, L, ExecSpace, MemSpace> distribute(const Mesh<M>& mesh, const L& layout,
+                                                 const HostMatrix<const T>& full, Root root,
+                                                 const std::string& label = "kshard::distribute") {
+  const detail::Operation operation("distribute");
+  detail::Agreement agreement(mesh.comm());
+  detail::same_root(agreement, root, mesh.size());
+  agreement.settle();
+  std::array<index_t, 2> shape{static_cast<index_t>(full.extent(0)),
+                               static_cast<index_t>(full.extent(1))};
+  detail::broadcast(shape.data(), 2, root.rank, mesh.comm());
+  DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, shape[0], shape[1], label);
+  const detail::Packing packing = detail::pack_shards(
+      matrix, [](const auto& coords) { return detail::holds_value<L>(coords); },
+      "kshard::distribute");
+
+  const bool is_root = mesh.my_rank() == root.rank;
+  std::vector<T> packed(is_root ? static_cast<std::size_t>(packing.total) : 0);
+  if (is_root)
+    detail::for_each_packed_segment(matrix, packing,
+                                    [&](index_t gr, index_t gc, index_t offset, index_t n) {
+                                      std::memcpy(packed.data() + offset, &full(gr, gc),
+                                                  static_cast<std::size_t>(n) * sizeof(T));
+                                    });
+  // Received in host memory (the shard itself when it is there), then copied to the shard.
+  auto host = Kokkos::create_mirror_view(Kokkos::HostSpace(), matrix.local());
+  const int count = packing.counts[mesh.my_rank()];
+  detail::scatterv(packed.data(), packing.counts.data(), packing.displs.data(), host.data(), count,
+                   root.rank, mesh.comm());
+  if (count > 0) Kokkos::deep_copy(matrix.local(), host);  // a zero addend keeps its zeros
   return matrix;
 }
 
@@ -82,46 +223,45 @@ HostMatrix<T> gather(const DistMatrix<T, L, E, S>& matrix) {
   const detail::Operation operation("gather");
   const auto& mesh = matrix.mesh();
   detail::Agreement agreement(mesh.comm());
-  detail::same_matrix(agreement, matrix, "the matrix");
-  if (!detail::fits_in_bytes<T>(matrix.rows(), matrix.cols()))
-    agreement.problem(fmt::format(
-        "kshard::gather: the whole {} x {} matrix of {}-byte elements needs more than the limit "
-        "of {} bytes on every rank",
-        matrix.rows(), matrix.cols(), sizeof(T), std::numeric_limits<index_t>::max()));
+  detail::gather_checks(agreement, matrix, "every rank");
   agreement.settle();
-  const int size = mesh.size();
-  std::vector<int> counts(size);
-  std::vector<int> displs(size);
-  index_t total = 0;
-  for (int r = 0; r < size; ++r) {
-    const auto coords = mesh.coords_of(r);
-    const bool sends = L::is_first_copy(coords, {0, 1});  // each block once
-    const index_t n = sends ? matrix.mapping_of(coords).local_size() : 0;
-    displs[r] = detail::mpi_count(total, "kshard::gather");
-    counts[r] = detail::mpi_count(n, "kshard::gather");
-    total += n;
-  }
-  (void)detail::mpi_count(total, "kshard::gather");
+  const detail::Packing packing = detail::first_copies(matrix);
 
   // Contiguous host copy of the local shard (fences the device, copies if not host memory).
   auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
-  std::vector<T> received(static_cast<std::size_t>(total));
-  detail::allgatherv(local.data(), counts[mesh.my_rank()], received.data(), counts.data(),
-                     displs.data(), mesh.comm());
+  std::vector<T> received(static_cast<std::size_t>(packing.total));
+  detail::allgatherv(local.data(), packing.counts[mesh.my_rank()], received.data(),
+                     packing.counts.data(), packing.displs.data(), mesh.comm());
+  return detail::unpack(matrix, packing, received.data());
+}
 
-  HostMatrix<T> full("kshard::gather", static_cast<std::size_t>(matrix.rows()),
-                     static_cast<std::size_t>(matrix.cols()));
-  for (int r = 0; r < size; ++r) {
-    if (counts[r] == 0) continue;
-    const auto mapping = matrix.mapping_of(mesh.coords_of(r));
-    const T* block = received.data() + displs[r];
-    const index_t width = mapping.cols.local_extent();
-    detail::for_each_shard_segment(mapping, [&](index_t lr, index_t gr, index_t lc, index_t gc,
-                                                index_t n) {
-      std::memcpy(&full(gr, gc), block + lr * width + lc, static_cast<std::size_t>(n) * sizeof(T));
-    });
-  }
-  return full;
+/// Rank `root` receives the whole matrix (a gather, the inverse of `distribute(..., Root)`);
+/// the other ranks get an empty (0 x 0) `HostMatrix`. Cost: one gatherv in which the first
+/// copy of each block goes to the root once: the whole matrix's bytes in all, less the root's
+/// own block. Rejects Partial layouts at compile time. Collective: a root outside the mesh or
+/// different between ranks, ranks that pass different matrices (element type, shape, layout),
+/// a whole matrix whose byte count passes INT64_MAX and a message longer than INT_MAX elements
+/// are the same `kshard::error` on every rank.
+template <class T, class L, class E, class S>
+HostMatrix<T> gather(const DistMatrix<T, L, E, S>& matrix, Root root) {
+  static_assert(!L::has_partial,
+                "kshard::gather: a Partial matrix has no values until it is reduced; "
+                "redistribute it to Replicate or Shard first");
+  const detail::Operation operation("gather");
+  const auto& mesh = matrix.mesh();
+  detail::Agreement agreement(mesh.comm());
+  detail::same_root(agreement, root, mesh.size());
+  detail::gather_checks(agreement, matrix, fmt::format("the root rank {}", root.rank));
+  agreement.settle();
+  const detail::Packing packing = detail::first_copies(matrix);
+
+  const bool is_root = mesh.my_rank() == root.rank;
+  auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
+  std::vector<T> received(is_root ? static_cast<std::size_t>(packing.total) : 0);
+  detail::gatherv(local.data(), packing.counts[mesh.my_rank()], received.data(),
+                  packing.counts.data(), packing.displs.data(), root.rank, mesh.comm());
+  if (!is_root) return HostMatrix<T>();
+  return detail::unpack(matrix, packing, received.data());
 }
 
 }  // namespace kshard

@@ -1,17 +1,21 @@
 #pragma once
 
 /// \file
-/// Detect and repair damaged input-embedding rows (zero, tiny or non-finite) before training
-/// starts, on any layout. One full pass over the input shard, work proportional to the damaged
-/// rows for everything else, and a constant number of collectives whatever the vocabulary size.
+/// Detect and repair damaged input-embedding rows (zero, tiny or non-finite, and optionally far
+/// below the median norm) before training starts, on any layout, or only find them
+/// (`find_damaged_rows`). One full pass over the input shard, work proportional to the local
+/// rows or the damaged rows for everything else, and a constant number of collectives whatever
+/// the vocabulary size.
 
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,7 +41,8 @@ enum class RepairStrategy {
 
 /// When and how to repair. Validated at construction: `min_norm` finite and >= 0, `max_rows`
 /// > 0; anything else throws `kshard::error`. Every rank must pass the same config (agreed on by
-/// `repair_embedding_rows`, kept rows included).
+/// `repair_embedding_rows` and `find_damaged_rows`, kept rows and the relative threshold
+/// included).
 class RepairConfig {
  public:
   /// enabled, min_norm = 1e-6, max_rows = 256, output_direction.
@@ -58,7 +63,8 @@ class RepairConfig {
   [[nodiscard]] bool enabled() const { return enabled_; }
   /// A row whose norm is `<= min_norm` (or non-finite) is damaged.
   [[nodiscard]] double min_norm() const { return min_norm_; }
-  /// More damaged rows than this is a refusal: the checkpoint is broken, not a few rows.
+  /// More damaged rows than this (those of the relative test included) is a refusal: the
+  /// checkpoint is broken, not a few rows.
   [[nodiscard]] index_t max_rows() const { return max_rows_; }
   /// Where repaired rows take their direction from.
   [[nodiscard]] RepairStrategy strategy() const { return strategy_; }
@@ -76,12 +82,37 @@ class RepairConfig {
   /// The rows to leave alone, as given.
   [[nodiscard]] const std::vector<index_t>& kept_rows() const { return kept_rows_; }
 
+  /// The same config with the relative test on (it is off by default): a row whose norm is
+  /// below `ratio` x M is damaged too, where M is the median norm of the healthy rows (finite,
+  /// > `min_norm`, not kept; each global row counted once, however many ranks hold it) and
+  /// "below" is `norm < ratio * M` in fp64. For never-trained rows that are small but not tiny
+  /// (the `[unused*]` rows of a BERT vocabulary sit near 0.4 x the median). The median of an
+  /// even count is the lower middle: the value of rank floor((n - 1) / 2) in ascending order,
+  /// ties counted with their multiplicity. The rows it finds are repaired like any damaged row,
+  /// count towards `max_rows`, are left out of the target norm and the mean direction, and are
+  /// listed in `RepairReport::relative_row_ids`. Cost: an exact distributed selection on the
+  /// fp64 bit patterns of the norms already computed, with no further pass over the matrix: 8
+  /// SUM all-reduces of 256 counts (2 KiB each; 1 when no row is healthy) and 8 host passes
+  /// over a shrinking list of this rank's row norms, whatever the vocabulary size. Throws
+  /// `kshard::error` (locally, no communication) unless `ratio` is in (0, 1].
+  [[nodiscard]] RepairConfig relative_threshold(double ratio) const {
+    if (!(ratio > 0 && ratio <= 1))  // NaN included
+      throw error(fmt::format(
+          "kshard::RepairConfig: relative_threshold is {}; it must be in (0, 1]", ratio));
+    RepairConfig config = *this;
+    config.relative_threshold_ = ratio;
+    return config;
+  }
+  /// The ratio of the relative test, when it is on.
+  [[nodiscard]] std::optional<double> relative_threshold() const { return relative_threshold_; }
+
  private:
   bool enabled_ = true;
   double min_norm_ = 1e-6;
   index_t max_rows_ = 256;
   RepairStrategy strategy_ = RepairStrategy::output_direction;
   std::vector<index_t> kept_rows_;
+  std::optional<double> relative_threshold_;
 };
 
 /// Names the embeddings carry in reports and errors.
@@ -90,7 +121,8 @@ struct RepairNames {
   std::string output = "lm_head";      ///< the output embedding (unused without one)
 };
 
-/// What a repair found and did; identical on every rank. {fmt} prints it in one line.
+/// What a repair found and did (or, from `find_damaged_rows`, would do); identical on every
+/// rank. {fmt} prints it in one line.
 struct RepairReport {
   std::string input_name;                  ///< the input embedding's name
   std::optional<std::string> output_name;  ///< set when output rows gave the directions
@@ -98,6 +130,13 @@ struct RepairReport {
   double min_norm_before = 0;  ///< smallest input row norm before (NaN rows ignored; +inf if none)
   std::optional<double> target_norm;  ///< norm of the repaired rows, when any were repaired
   std::vector<index_t> kept_row_ids;  ///< sorted unique row ids left alone (`keep_rows`)
+  /// Sorted ids found by the relative test only (finite, > min_norm, below the ratio times the
+  /// median); they are in `repaired_row_ids` too.
+  std::vector<index_t> relative_row_ids;
+  /// The median norm of the healthy rows, when the relative test ran over at least one.
+  std::optional<double> median_norm;
+  /// The norm of each row of `repaired_row_ids` before, in that order (NaN and inf as they were).
+  std::vector<double> repaired_norms_before;
 };
 
 }  // namespace kshard
@@ -114,13 +153,16 @@ struct fmt::formatter<kshard::RepairReport> : kshard::detail::plain_formatter {
       out = fmt::format_to(out, "{}: no damaged rows (min norm {:g})", r.input_name,
                            r.min_norm_before);
     else
-      out = fmt::format_to(out,
-                           "{}: repaired {} row(s) [{}] with {} directions; min norm before {:g}, "
-                           "target norm {:g}",
-                           r.input_name, r.repaired_row_ids.size(),
-                           fmt::join(r.repaired_row_ids, ", "),
-                           r.output_name ? *r.output_name : std::string("mean healthy-row"),
-                           r.min_norm_before, r.target_norm ? *r.target_norm : 0.0);
+      out = fmt::format_to(
+          out,
+          "{}: repaired {} row(s) [{}] with {} directions; min norm before {:g}, "
+          "target norm {:g}; norms before [{:g}]",
+          r.input_name, r.repaired_row_ids.size(), fmt::join(r.repaired_row_ids, ", "),
+          r.output_name ? *r.output_name : std::string("mean healthy-row"), r.min_norm_before,
+          r.target_norm ? *r.target_norm : 0.0, fmt::join(r.repaired_norms_before, ", "));
+    if (r.median_norm)
+      out = fmt::format_to(out, "; median norm {:g}, relative row(s) [{}]", *r.median_norm,
+                           fmt::join(r.relative_row_ids, ", "));
     if (!r.kept_row_ids.empty())
       out = fmt::format_to(out, "; kept row(s) [{}] as they were", fmt::join(r.kept_row_ids, ", "));
     return out;
@@ -218,8 +260,7 @@ std::optional<std::string> output_problem(const In& input, const Out& output,
 inline std::optional<std::string> kept_rows_problem(const std::vector<index_t>& given, index_t rows,
                                                     std::vector<index_t>& kept) {
   for (const index_t id : given) {
-    if (auto problem = row_range_problem(id, rows, "repair_embedding_rows", "kept row"))
-      return problem;
+    if (auto problem = row_range_problem(id, rows, operation_name(), "kept row")) return problem;
     kept.push_back(id < 0 ? id + rows : id);
   }
   std::sort(kept.begin(), kept.end());
@@ -228,16 +269,23 @@ inline std::optional<std::string> kept_rows_problem(const std::vector<index_t>& 
 }
 
 // The agreement of every rank on the config, the matrices and the output's presence, with each
-// rank's own checks of them; returns the kept row ids.
+// rank's own checks of them; returns the kept row ids. A dry run (`find_damaged_rows`) takes no
+// directions, so needs no output embedding whatever the strategy.
 template <class In, class Out>
 std::vector<index_t> agree_on_repair(const In& input, const Out* output, const RepairConfig& config,
-                                     const RepairNames& names) {
+                                     const RepairNames& names, bool dry_run = false) {
   Agreement agreement(input.mesh().comm());
   agreement.same("RepairConfig::enabled()", config.enabled())
       .same("RepairConfig::min_norm()", std::bit_cast<std::int64_t>(config.min_norm()),
             [](std::int64_t bits) { return fmt::format("{}", std::bit_cast<double>(bits)); })
       .same("RepairConfig::max_rows()", config.max_rows())
       .same("RepairConfig::strategy()", static_cast<std::int64_t>(config.strategy()))
+      .same("RepairConfig::relative_threshold()",
+            std::bit_cast<std::int64_t>(config.relative_threshold().value_or(0.0)),
+            [](std::int64_t bits) {  // 0: off (an on ratio is > 0)
+              return bits == 0 ? std::string("off")
+                               : fmt::format("{}", std::bit_cast<double>(bits));
+            })
       .same("the number of kept rows", static_cast<std::int64_t>(config.kept_rows().size()));
   Digest kept_digest;
   for (const index_t id : config.kept_rows()) kept_digest.add(id);
@@ -250,7 +298,7 @@ std::vector<index_t> agree_on_repair(const In& input, const Out* output, const R
   if (output != nullptr) same_matrix(agreement, *output, fmt::format("'{}'", names.output));
   std::vector<index_t> kept;
   agreement.problem(kept_rows_problem(config.kept_rows(), input.rows(), kept));
-  if (output == nullptr && config.strategy() == RepairStrategy::output_direction)
+  if (!dry_run && output == nullptr && config.strategy() == RepairStrategy::output_direction)
     agreement.problem(fmt::format(
         "kshard::repair_embedding_rows: the output_direction strategy needs an output "
         "embedding for '{}'; use RepairStrategy::mean_direction when it is tied or missing",
@@ -312,6 +360,149 @@ double mean_healthy_direction(const In& input,
   return std::sqrt(norm);
 }
 
+// The exact median of the `values` of every rank (each a finite double >= 0, each global value
+// on one rank only), or nullopt when there are none: the lower middle for an even count, the
+// value of rank floor((n - 1) / 2). Radix selection on the fp64 bit patterns, whose unsigned
+// order is the numeric order of non-negative doubles: 8 rounds of one SUM all-reduce of 256
+// counts, each fixing the next 8 bits of the median's pattern and keeping only the values that
+// share them (1 round when there are no values).
+inline std::optional<double> distributed_median(const std::vector<double>& values, MPI_Comm comm) {
+  std::vector<std::uint64_t> candidates(values.size());
+  std::transform(values.begin(), values.end(), candidates.begin(),
+                 [](double v) { return std::bit_cast<std::uint64_t>(v); });
+  std::uint64_t median = 0;
+  std::int64_t rank = 0;  // of the median among the candidates left on all ranks
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    std::array<std::int64_t, 256> counts{};
+    for (const std::uint64_t bits : candidates) ++counts[(bits >> shift) & 0xff];
+    allreduce(counts.data(), static_cast<int>(counts.size()), MPI_SUM, comm);
+    if (shift == 56) {
+      const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+      if (total == 0) return std::nullopt;  // the same on every rank
+      rank = (total - 1) / 2;
+    }
+    std::uint64_t digit = 0;
+    for (; rank >= counts[digit]; ++digit) rank -= counts[digit];
+    median |= digit << shift;
+    std::erase_if(candidates,
+                  [&](std::uint64_t bits) { return ((bits >> shift) & 0xff) != digit; });
+  }
+  return std::bit_cast<double>(median);
+}
+
+// What the detection found, for a repair or a dry run.
+struct Detection {
+  RepairReport report;  // output_name and target_norm set when rows were found
+  Kokkos::View<bool*, Kokkos::HostSpace> healthy;  // per local row: passes every test, not kept
+  double healthy_rows = 0;                         // over the whole matrix
+  bool output_is_input = false;                    // on some rank (tied weights)
+};
+
+// The detection shared by repair_embedding_rows and find_damaged_rows: the one full pass over
+// the input (full-row norms of the local rows), the relative test's median when it is on, then
+// the damaged ids and their norms on every rank. Refuses more than max_rows damaged rows.
+template <class In, class Out>
+Detection detect_damaged_rows(const In& input, const Out* output, const RepairConfig& config,
+                              const RepairNames& names, std::vector<index_t> kept) {
+  using L = typename In::layout_type;
+  const auto& mesh = input.mesh();
+  const MPI_Comm comm = mesh.comm();
+  const auto norms = row_squared_norms(input);
+  const auto host_norms = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), norms);
+  const auto& rows = input.mapping().rows;
+  const bool first_copy_of_rows = L::is_first_copy(mesh.coords(), {0});
+  const double min_norm = config.min_norm();
+  const auto is_kept = [&](std::size_t i) {
+    return std::binary_search(kept.begin(), kept.end(), rows.to_global(static_cast<index_t>(i)));
+  };
+  const auto norm_of = [&](std::size_t i) { return std::sqrt(host_norms(i)); };
+
+  std::optional<double> median;
+  if (config.relative_threshold()) {
+    std::vector<double> healthy_norms;  // each global row once: on its first copy
+    for (std::size_t i = 0; first_copy_of_rows && i < host_norms.extent(0); ++i)
+      if (!is_kept(i) && !is_damaged(norm_of(i), min_norm)) healthy_norms.push_back(norm_of(i));
+    median = distributed_median(healthy_norms, comm);
+  }
+  const auto is_relative = [&](double norm) {
+    return median && norm < *config.relative_threshold() * *median;
+  };
+
+  Detection found;
+  found.healthy = Kokkos::View<bool*, Kokkos::HostSpace>("kshard::healthy", host_norms.extent(0));
+  // This rank's damaged rows, as pairs (id, bits of the norm), for one gather.
+  std::vector<std::int64_t> local_damaged;
+  // {damaged rows, healthy rows, sum of healthy squared norms, ranks whose output is the input,
+  //  relative rows}
+  double sums[5] = {0, 0, 0, 0, 0};
+  double smallest = std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < host_norms.extent(0); ++i) {
+    if (is_kept(i)) continue;  // left alone: not damaged, not healthy (healthy(i) stays false)
+    const double norm = norm_of(i);
+    if (!std::isnan(norm)) smallest = std::min(smallest, norm);
+    const bool absolute = is_damaged(norm, min_norm);
+    const bool relative = !absolute && is_relative(norm);
+    found.healthy(i) = !absolute && !relative;
+    if (!first_copy_of_rows) continue;  // count every global row once
+    if (found.healthy(i)) {
+      sums[1] += 1;
+      sums[2] += host_norms(i);
+    } else {
+      sums[0] += 1;
+      sums[4] += relative ? 1 : 0;
+      local_damaged.push_back(rows.to_global(static_cast<index_t>(i)));
+      local_damaged.push_back(std::bit_cast<std::int64_t>(norm));
+    }
+  }
+  const auto* input_data = static_cast<const void*>(input.local().data());
+  if (output != nullptr && input.local().size() > 0 &&
+      input_data == static_cast<const void*>(output->local().data()))
+    sums[3] = 1;
+  allreduce(sums, 5, MPI_SUM, comm);
+  allreduce(&smallest, 1, MPI_MIN, comm);
+  found.healthy_rows = sums[1];
+  found.output_is_input = sums[3] > 0;
+
+  RepairReport& report = found.report;
+  report.input_name = names.input;
+  report.min_norm_before = smallest;
+  report.kept_row_ids = std::move(kept);
+  report.median_norm = median;
+  const auto damaged = static_cast<index_t>(sums[0]);
+  if (damaged == 0) return found;
+  if (damaged > config.max_rows())
+    throw error(fmt::format(
+        "kshard::{}: {} rows of '{}' are damaged, more than max_rows = {}{}; nothing was changed",
+        operation_name(), damaged, names.input, config.max_rows(),
+        median ? fmt::format(" ({} of them below {} x the median norm {:g})",
+                             static_cast<index_t>(sums[4]), *config.relative_threshold(), *median)
+               : std::string()));
+
+  // The damaged ids with their norms, sorted by id, on every rank.
+  const int size = mesh.size();
+  std::vector<int> counts(static_cast<std::size_t>(size));
+  const int mine = static_cast<int>(local_damaged.size());
+  allgather(&mine, 1, counts.data(), comm);
+  std::vector<int> displs(static_cast<std::size_t>(size), 0);
+  for (std::size_t r = 1; r < displs.size(); ++r) displs[r] = displs[r - 1] + counts[r - 1];
+  std::vector<std::int64_t> pairs(2 * static_cast<std::size_t>(damaged));
+  allgatherv(local_damaged.data(), mine, pairs.data(), counts.data(), displs.data(), comm);
+  std::vector<std::size_t> order(static_cast<std::size_t>(damaged));
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return pairs[2 * a] < pairs[2 * b]; });
+  for (const std::size_t k : order) {
+    const index_t id = pairs[2 * k];
+    const double norm = std::bit_cast<double>(pairs[2 * k + 1]);
+    report.repaired_row_ids.push_back(id);
+    report.repaired_norms_before.push_back(norm);
+    if (!is_damaged(norm, min_norm)) report.relative_row_ids.push_back(id);
+  }
+  if (config.strategy() == RepairStrategy::output_direction) report.output_name = names.output;
+  if (sums[1] > 0) report.target_norm = std::sqrt(sums[2] / sums[1]);
+  return found;
+}
+
 template <class In, class Out>
 std::optional<RepairReport> repair_rows(const In& input, const Out* output,
                                         const RepairConfig& config, const RepairNames& names) {
@@ -322,72 +513,23 @@ std::optional<RepairReport> repair_rows(const In& input, const Out* output,
   const Operation operation("repair_embedding_rows");
   const auto& mesh = input.mesh();
   const MPI_Comm comm = mesh.comm();
-  const std::vector<index_t> kept = agree_on_repair(input, output, config, names);
+  std::vector<index_t> kept = agree_on_repair(input, output, config, names);
   if (!config.enabled()) return std::nullopt;  // after the agreement: every rank returns here
+  Detection found = detect_damaged_rows(input, output, config, names, std::move(kept));
+  RepairReport& report = found.report;
+  const std::vector<index_t>& ids = report.repaired_row_ids;
+  if (ids.empty()) return report;
 
-  // The one full pass over the input: full-row norms of the local rows.
-  const auto norms = row_squared_norms(input);
-  const auto host_norms = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), norms);
-  const auto& rows = input.mapping().rows;
-  const bool first_copy_of_rows = L::is_first_copy(mesh.coords(), {0});
   const bool first_copy_of_elements = L::is_first_copy(mesh.coords(), {0, 1});
   const double min_norm = config.min_norm();
-  std::vector<index_t> local_damaged;
-  Kokkos::View<bool*, Kokkos::HostSpace> healthy("kshard::healthy", host_norms.extent(0));
-  // {damaged rows, healthy rows, sum of healthy squared norms, ranks whose output is the input}
-  double sums[4] = {0, 0, 0, 0};
-  double smallest = std::numeric_limits<double>::infinity();
-  for (std::size_t i = 0; i < host_norms.extent(0); ++i) {
-    if (std::binary_search(kept.begin(), kept.end(), rows.to_global(static_cast<index_t>(i))))
-      continue;  // left alone: not damaged, not healthy (healthy(i) stays false)
-    const double norm = std::sqrt(host_norms(i));
-    if (!std::isnan(norm)) smallest = std::min(smallest, norm);
-    healthy(i) = !is_damaged(norm, min_norm);
-    if (!first_copy_of_rows) continue;  // count every global row once
-    if (healthy(i)) {
-      sums[1] += 1;
-      sums[2] += host_norms(i);
-    } else {
-      sums[0] += 1;
-      local_damaged.push_back(rows.to_global(static_cast<index_t>(i)));
-    }
-  }
-  const auto* input_data = static_cast<const void*>(input.local().data());
-  if (output != nullptr && input.local().size() > 0 &&
-      input_data == static_cast<const void*>(output->local().data()))
-    sums[3] = 1;
-  allreduce(sums, 4, MPI_SUM, comm);
-  allreduce(&smallest, 1, MPI_MIN, comm);
-
-  RepairReport report{names.input, std::nullopt, {}, smallest, std::nullopt, kept};
-  const auto damaged = static_cast<index_t>(sums[0]);
-  if (damaged == 0) return report;
-  if (damaged > config.max_rows())
-    throw error(fmt::format(
-        "kshard::repair_embedding_rows: {} rows of '{}' are damaged, more than max_rows = {}; "
-        "nothing was changed",
-        damaged, names.input, config.max_rows()));
-
-  // The damaged ids, sorted, on every rank.
-  const int size = mesh.size();
-  std::vector<int> counts(static_cast<std::size_t>(size));
-  const int mine = static_cast<int>(local_damaged.size());
-  allgather(&mine, 1, counts.data(), comm);
-  std::vector<int> displs(static_cast<std::size_t>(size), 0);
-  for (std::size_t r = 1; r < displs.size(); ++r) displs[r] = displs[r - 1] + counts[r - 1];
-  std::vector<index_t> ids(static_cast<std::size_t>(damaged));
-  allgatherv(local_damaged.data(), mine, ids.data(), counts.data(), displs.data(), comm);
-  std::sort(ids.begin(), ids.end());
-  report.repaired_row_ids = ids;
-
   const bool use_output = config.strategy() == RepairStrategy::output_direction;
-  if (use_output && sums[3] > 0)
+  if (use_output && found.output_is_input)
     throw error(fmt::format(
         "kshard::repair_embedding_rows: '{}' is the same storage as '{}' (tied weights) and "
         "cannot give directions for damaged rows [{}]; nothing was changed (use "
         "RepairStrategy::mean_direction)",
         names.output, names.input, fmt::join(ids, ", ")));
-  const auto held = held_rows<MemSpace>(rows, ids);
+  const auto held = held_rows<MemSpace>(input.mapping().rows, ids);
   const index_t cols = input.mapping().cols.local_extent();
   typename Out::view_type out;  // empty without an output embedding
   if (output != nullptr) out = output->local();
@@ -405,12 +547,12 @@ std::optional<RepairReport> repair_rows(const In& input, const Out* output,
           "directions; nothing was changed",
           fmt::join(bad, ", "), names.output));
   }
-  if (sums[1] == 0)
+  if (!report.target_norm)
     throw error(fmt::format(
         "kshard::repair_embedding_rows: '{}' has no healthy rows to take a norm from; nothing "
         "was changed",
         names.input));
-  const double target = std::sqrt(sums[2] / sums[1]);
+  const double target = *report.target_norm;
   if (is_damaged(target, min_norm))
     throw error(fmt::format(
         "kshard::repair_embedding_rows: the RMS norm of the healthy rows of '{}' is {}, not "
@@ -424,10 +566,9 @@ std::optional<RepairReport> repair_rows(const In& input, const Out* output,
     auto host_scale = Kokkos::create_mirror_view(scale);
     for (std::size_t k = 0; k < ids.size(); ++k) host_scale(k) = target / out_norms[k];
     Kokkos::deep_copy(scale, host_scale);
-    report.output_name = names.output;
   } else {
-    const double norm =
-        mean_healthy_direction(input, healthy, sums[1], first_copy_of_elements, direction);
+    const double norm = mean_healthy_direction(input, found.healthy, found.healthy_rows,
+                                               first_copy_of_elements, direction);
     if (!std::isfinite(norm) || norm <= 0)
       throw error(fmt::format(
           "kshard::repair_embedding_rows: the mean of the healthy rows of '{}' has norm {}, "
@@ -462,14 +603,14 @@ std::optional<RepairReport> repair_rows(const In& input, const Out* output,
         local(local_row(h), j) = static_cast<T>(value(position(h), local_row(h), j));
       });
   ExecSpace().fence();
-  report.target_norm = target;
   if (mesh.my_rank() == 0) log_line(fmt::format("{}", report));
   return report;
 }
 
 }  // namespace detail
 
-/// Repairs the damaged rows of `input` (norm non-finite or <= min_norm) with the direction of
+/// Repairs the damaged rows of `input` (norm non-finite or <= min_norm, or below
+/// `RepairConfig::relative_threshold` x the median norm when that is on) with the direction of
 /// the same rows of `output` (the LM head), scaled to the RMS norm of the healthy input rows;
 /// or, with `RepairStrategy::mean_direction`, with the mean direction of the healthy input
 /// rows. Rows kept with `RepairConfig::keep_rows` (the padding id) are left alone. Collective
@@ -491,6 +632,29 @@ template <ValuedMatrix In>
 std::optional<RepairReport> repair_embedding_rows(const In& input, const RepairConfig& config,
                                                   const RepairNames& names = {}) {
   return detail::repair_rows(input, static_cast<const In*>(nullptr), config, names);
+}
+
+/// A dry run of `repair_embedding_rows`: finds the damaged rows of `input` as the repair would
+/// (the same detection code, the relative test included) and returns the report the repair
+/// would return, changing nothing: the ids, their norms before, the relative rows and the
+/// median, the kept rows, `output_name` (`names.output`) under the output_direction strategy,
+/// and `target_norm` (the RMS norm of the healthy rows: free, from the same all-reduce) when
+/// rows were found and some rows are healthy. Collective over the mesh, with the same
+/// agreement on the config as the repair (any strategy, no output embedding needed); a
+/// disabled config returns no report. Refuses, like the repair, more than `max_rows` damaged
+/// rows (raise it to list more) and kept ids out of range; what the repair checks on the
+/// output embedding or the repaired values (tied storage, damaged output rows, a valid target
+/// norm and direction) is not checked. Cost: the repair's detection: one pass over the input
+/// shard, 2 all-reduces (plus those of the norms when columns are split, and 8 for the
+/// relative test), and 2 more collectives when rows are found.
+template <ValuedMatrix In>
+std::optional<RepairReport> find_damaged_rows(const In& input, const RepairConfig& config = {},
+                                              const RepairNames& names = {}) {
+  const detail::Operation operation("find_damaged_rows");
+  const auto* none = static_cast<const In*>(nullptr);
+  std::vector<index_t> kept = detail::agree_on_repair(input, none, config, names, true);
+  if (!config.enabled()) return std::nullopt;  // after the agreement: every rank returns here
+  return detail::detect_damaged_rows(input, none, config, names, std::move(kept)).report;
 }
 
 }  // namespace kshard

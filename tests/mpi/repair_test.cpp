@@ -511,7 +511,7 @@ TEST(Repair, RankZeroLogsOneLine) {
   EXPECT_EQ(lines.size(), line.my_rank() == 0 ? 1u : 0u);
   EXPECT_EQ(fmt::format("{}", *report),
             "embed_tokens: repaired 2 row(s) [1, 3] with lm_head directions; min norm before 0, "
-            "target norm 2.73861");
+            "target norm 2.73861; norms before [0, 1e-08]");
   if (!lines.empty()) {
     EXPECT_EQ(lines[0], fmt::format("{}", *report));
   }

@@ -105,6 +105,38 @@ void allgatherv(const T* send, int count, T* recv, const int* counts, const int*
       "MPI_Allgatherv");
 }
 
+// Rank `root` receives every rank's `count` elements, rank r's `counts[r]` at `displs[r]` of
+// `recv` (`recv`, `counts` and `displs` are read on the root only). Counted: the payload this
+// rank sends to the root (the root's own block is a local copy and is not counted).
+template <class T>
+void gatherv(const T* send, int count, T* recv, const int* counts, const int* displs, int root,
+             MPI_Comm comm) {
+  count_collective(comm_rank(comm) == root
+                       ? 0
+                       : static_cast<std::int64_t>(count) * static_cast<std::int64_t>(sizeof(T)));
+  const WatchedCollective watched("MPI_Gatherv", comm);
+  check_mpi(MPI_Gatherv(send, count, mpi_datatype<T>(), recv, counts, displs, mpi_datatype<T>(),
+                        root, comm),
+            "MPI_Gatherv");
+}
+
+// Rank `root` sends `counts[r]` elements at `displs[r]` of `send` to each rank r (`send`,
+// `counts` and `displs` are read on the root only), which receives its `count` in `recv`.
+// Counted on the root: the payload it sends to the other ranks (its own block is a local copy).
+template <class T>
+void scatterv(const T* send, const int* counts, const int* displs, T* recv, int count, int root,
+              MPI_Comm comm) {
+  std::int64_t elements = 0;
+  if (comm_rank(comm) == root)
+    for (int r = 0; r < comm_size(comm); ++r)
+      if (r != root) elements += counts[r];
+  count_collective(elements * static_cast<std::int64_t>(sizeof(T)));
+  const WatchedCollective watched("MPI_Scatterv", comm);
+  check_mpi(MPI_Scatterv(send, counts, displs, mpi_datatype<T>(), recv, count, mpi_datatype<T>(),
+                         root, comm),
+            "MPI_Scatterv");
+}
+
 template <class T>
 void broadcast(T* data, int count, int root, MPI_Comm comm) {
   count_collective(comm_rank(comm) == root

@@ -837,8 +837,9 @@ inline void restore_rows(const SafetensorsFile& undo, const SafetensorsFile& tar
     const TensorEntry* rows = undo.header().find(fmt::format("{}.rows", i));
     const TensorEntry* saved = undo.header().find(fmt::format("{}.bytes", i));
     const TensorEntry* entry = target.header().find(name->second);
-    if (rows == nullptr || saved == nullptr || rows->dtype != Dtype::I64 || entry == nullptr ||
-        saved->dtype != entry->dtype || entry->shape.size() != 2 ||
+    if (rows == nullptr || saved == nullptr || rows->dtype != Dtype::I64 ||
+        rows->shape.size() != 1 || entry == nullptr || saved->dtype != entry->dtype ||
+        entry->shape.size() != 2 ||
         saved->shape != std::vector<std::int64_t>{rows->shape[0], entry->shape[1]}) {
       problem = fmt::format("kshard::io: the undo file does not match tensor {} of '{}'",
                             in_quotes(name->second), where);
@@ -853,21 +854,23 @@ inline void restore_rows(const SafetensorsFile& undo, const SafetensorsFile& tar
       problem = pread_exactly(in, bytes.data(), bytes.size(), undo.file_offset(*saved),
                               undo.path().string());
     const std::uint64_t row_bytes = bytes.size() / std::max<std::size_t>(ids.size(), 1);
-    for (std::size_t r = 0; r < ids.size() && !problem; ++r) {
-      if (ids[r] < 0 || ids[r] >= entry->shape[0]) {
+    const auto row_offset = [&](std::size_t r) {
+      return target.file_offset(*entry) + static_cast<std::uint64_t>(ids[r]) * row_bytes;
+    };
+    for (std::size_t r = 0; r < ids.size() && !problem; ++r)
+      if (ids[r] < 0 || ids[r] >= entry->shape[0])
         problem = fmt::format("kshard::io: the undo file names row {} of tensor {}, which has {}",
                               ids[r], in_quotes(name->second), entry->shape[0]);
-        break;
-      }
-      const std::uint64_t at =
-          target.file_offset(*entry) + static_cast<std::uint64_t>(ids[r]) * row_bytes;
-      if (::pwrite(out, bytes.data() + r * row_bytes, row_bytes, static_cast<off_t>(at)) !=
-          static_cast<ssize_t>(row_bytes))
+    for (std::size_t r = 0; r < ids.size() && !problem; ++r) {
+      if (::pwrite(out, bytes.data() + r * row_bytes, row_bytes,
+                   static_cast<off_t>(row_offset(r))) != static_cast<ssize_t>(row_bytes))
         problem = fmt::format("kshard::io: writing '{}' failed: {}", where, std::strerror(errno));
       io_stats().bytes_written += static_cast<std::int64_t>(row_bytes);
-      if (!problem && ::fsync(out) == 0)
-        problem = pread_exactly(out, back.data() + r * row_bytes, row_bytes, at, where);
     }
+    if (!problem && ::fsync(out) != 0)
+      problem = fmt::format("kshard::io: syncing '{}' failed: {}", where, std::strerror(errno));
+    for (std::size_t r = 0; r < ids.size() && !problem; ++r)
+      problem = pread_exactly(out, back.data() + r * row_bytes, row_bytes, row_offset(r), where);
     if (!problem && back != bytes)
       problem = fmt::format(
           "kshard::io: tensor {} of '{}' reads back other bytes than the undo "

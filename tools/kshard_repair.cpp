@@ -1,0 +1,499 @@
+// kshard-repair: detect and repair damaged input-embedding rows of a safetensors checkpoint
+// under mpiexec. Each rank reads only its rows (collective MPI-IO), the repair runs on the
+// distributed matrix, and the result goes to a new checkpoint (--out), back into the same one
+// (--in-place, with an undo file), or nowhere (--dry-run). See docs/repair-tool.md.
+//
+// Exit codes: 0 repaired or nothing to do, 1 refused (the repair, or a tensor kshard cannot
+// repair), 2 usage or I/O error. Every rank exits with the same code.
+
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <Kokkos_Core.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kshard/io/checkpoint.hpp"
+#include "kshard/kshard.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace io = kshard::io;
+using kshard::index_t;
+
+enum ExitCode { repaired_or_clean = 0, refused = 1, usage_or_io = 2 };
+
+// A kshard::error with the exit code it ends the run with.
+struct Failure {
+  ExitCode code;
+  std::string message;
+};
+
+struct Options {
+  std::string model;
+  std::string out;
+  bool in_place = false;
+  bool dry_run = false;
+  bool undo = false;
+  std::string report;
+  std::string embed;
+  std::string lm_head;
+  std::string strategy;  // "output", "mean" or "" (chosen from the checkpoint)
+  index_t max_rows = 256;
+  double min_norm = 1e-6;
+  std::optional<double> relative_threshold;
+  std::optional<std::vector<index_t>> keep;
+  std::string mesh;
+  std::string layout;
+};
+
+// Names the first found is taken for, when --embed / --lm-head are not given.
+constexpr std::array embed_names{"model.embed_tokens.weight",
+                                 "transformer.wte.weight",
+                                 "embeddings.word_embeddings.weight",
+                                 "bert.embeddings.word_embeddings.weight",
+                                 "model.embeddings.word_embeddings.weight",
+                                 "gpt_neox.embed_in.weight",
+                                 "transformer.word_embeddings.weight",
+                                 "model.decoder.embed_tokens.weight",
+                                 "tok_embeddings.weight",
+                                 "embed_tokens.weight",
+                                 "wte.weight",
+                                 "word_embeddings.weight"};
+constexpr std::array lm_head_names{"lm_head.weight", "model.lm_head.weight", "embed_out.weight",
+                                   "output.weight"};
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int world_size() {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+// Rank 0 prints (progress and the summary); the other ranks stay quiet.
+template <class... Args>
+void say(fmt::format_string<Args...> format, Args&&... args) {
+  if (world_rank() == 0) {
+    fmt::print(format, std::forward<Args>(args)...);
+    std::fflush(stdout);
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Bytes all ranks moved through files since `before` (a collective).
+std::int64_t io_bytes(std::int64_t mine) {
+  MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return mine;
+}
+
+std::string throughput(std::int64_t bytes, double seconds) {
+  return fmt::format("{:.1f} MB in {:.3f} s ({:.0f} MB/s)", static_cast<double>(bytes) / 1e6,
+                     seconds, static_cast<double>(bytes) / 1e6 / std::max(seconds, 1e-9));
+}
+
+// The tensor to use: the one named, else the first of `candidates` present.
+std::optional<std::string> pick(const io::Checkpoint& model, const std::string& given,
+                                const auto& candidates, const char* what) {
+  if (!given.empty()) {
+    if (!model.contains(given))
+      throw Failure{refused, fmt::format("the checkpoint has no {} tensor '{}'", what, given)};
+    return given;
+  }
+  for (const char* name : candidates)
+    if (model.contains(name)) return std::string(name);
+  return std::nullopt;
+}
+
+// FNV-1a of every tensor's bytes, computed in parallel (tensor i by rank i % size), as hex.
+nlohmann::json tensor_hashes(const io::Checkpoint& model) {
+  std::vector<std::pair<const io::SafetensorsFile*, const io::TensorEntry*>> tensors;
+  for (const auto& file : model.files())
+    for (const auto& entry : file.header().tensors) tensors.emplace_back(&file, &entry);
+  std::vector<std::uint64_t> hashes(tensors.size() + 1, 0);  // the last: read failures
+  std::vector<char> buffer(std::size_t{1} << 22);
+  for (std::size_t i = static_cast<std::size_t>(world_rank()); i < tensors.size();
+       i += static_cast<std::size_t>(world_size())) {
+    const auto& [file, entry] = tensors[i];
+    std::ifstream in(file->path(), std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(file->file_offset(*entry)));
+    std::uint64_t hash = 0xcbf29ce484222325ull;  // the FNV-1a 64 offset basis
+    for (std::uint64_t left = entry->bytes(); left > 0;) {
+      const auto n = static_cast<std::streamsize>(std::min<std::uint64_t>(left, buffer.size()));
+      if (!in.read(buffer.data(), n)) {
+        hashes.back() = 1;
+        break;
+      }
+      for (std::streamsize b = 0; b < n; ++b)
+        hash = (hash ^ static_cast<unsigned char>(buffer[static_cast<std::size_t>(b)])) *
+               1099511628211ull;
+      left -= static_cast<std::uint64_t>(n);
+    }
+    hashes[i] = hash;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, hashes.data(), static_cast<int>(hashes.size()), MPI_UINT64_T,
+                MPI_BXOR, MPI_COMM_WORLD);
+  if (hashes.back() != 0) throw Failure{usage_or_io, "reading a tensor to hash it failed"};
+  nlohmann::json result = nlohmann::json::object();
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    result[tensors[i].second->name] = fmt::format("fnv1a64:{:016x}", hashes[i]);
+  return result;
+}
+
+// Where the output of `file` goes: `out` itself for a single file, `out`/name for a folder.
+fs::path output_of(const Options& options, const io::Checkpoint& model,
+                   const io::SafetensorsFile& file) {
+  return model.is_folder() ? fs::path(options.out) / file.path().filename() : fs::path(options.out);
+}
+
+fs::path undo_path(const io::SafetensorsFile& file) {
+  return file.path().string() + ".kshard-undo";
+}
+
+// The norm after the repair of each repaired row (each row's first copy contributes it).
+template <class M>
+std::vector<double> norms_of(const M& matrix, const std::vector<index_t>& ids) {
+  const auto squared =
+      Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kshard::row_squared_norms(matrix));
+  std::vector<double> norms(ids.size(), -1.0);
+  for (std::size_t k = 0; k < ids.size(); ++k)
+    if (const index_t local = matrix.mapping().rows.to_local(ids[k]);
+        local != kshard::invalid_index)
+      norms[k] = std::sqrt(squared(static_cast<std::size_t>(local)));
+  MPI_Allreduce(MPI_IN_PLACE, norms.data(), static_cast<int>(norms.size()), MPI_DOUBLE, MPI_MAX,
+                MPI_COMM_WORLD);
+  return norms;
+}
+
+nlohmann::json number_or_null(double value) {
+  return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr);
+}
+
+// What the run found and did, as JSON (--report).
+nlohmann::json report_json(const kshard::RepairReport& report, const std::vector<double>& after) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (std::size_t k = 0; k < report.repaired_row_ids.size(); ++k) {
+    const index_t id = report.repaired_row_ids[k];
+    const bool relative =
+        std::binary_search(report.relative_row_ids.begin(), report.relative_row_ids.end(), id);
+    rows.push_back(
+        {{"id", id},
+         {"norm_before", number_or_null(report.repaired_norms_before[k])},
+         {"norm_after", after.empty() ? nlohmann::json(nullptr) : number_or_null(after[k])},
+         {"found_by", relative ? "relative" : "absolute"}});
+  }
+  return {{"rows", rows},
+          {"kept_row_ids", report.kept_row_ids},
+          {"target_norm", report.target_norm ? nlohmann::json(*report.target_norm) : nullptr},
+          {"median_norm", report.median_norm ? nlohmann::json(*report.median_norm) : nullptr},
+          {"min_norm_before", number_or_null(report.min_norm_before)},
+          {"direction_from", report.output_name ? *report.output_name : "mean of healthy rows"}};
+}
+
+// Copies the checkpoint folder's other files (config, tokenizer, index) into `out` (rank 0).
+void copy_other_files(const io::Checkpoint& model, const fs::path& out) {
+  if (world_rank() != 0) return;
+  for (const auto& entry : fs::directory_iterator(model.path())) {
+    if (!entry.is_regular_file()) continue;
+    const auto name = entry.path().filename();
+    bool is_weights = false;
+    for (const auto& file : model.files())
+      is_weights = is_weights || file.path().filename() == name;
+    if (!is_weights && name.string().find(".kshard-") == std::string::npos)
+      fs::copy_file(entry.path(), out / name, fs::copy_options::overwrite_existing);
+  }
+}
+
+// Writes the repaired rows: a new checkpoint or in place. Returns the files written.
+template <std::size_t N, class M>
+std::vector<std::string> write_result(const Options& options, const io::Checkpoint& model,
+                                      const kshard::Mesh<N>& mesh, const std::string& embed,
+                                      const M& matrix, const std::vector<index_t>& ids) {
+  const io::SafetensorsFile& file = model.file_of(embed);
+  const std::vector<io::TensorUpdate> update{io::replace_rows(embed, matrix, ids)};
+  std::vector<std::string> written;
+  if (options.in_place) {
+    io::write_rows_in_place(mesh, file, update, undo_path(file));
+    say("wrote {} row(s) in place into '{}'; undo with: kshard-repair {} --undo\n", ids.size(),
+        file.path().string(), options.model);
+    return {file.path().string()};
+  }
+  if (model.is_folder()) {
+    int made = 1;
+    if (world_rank() == 0)
+      made = fs::create_directories(options.out) || fs::is_directory(options.out);
+    MPI_Bcast(&made, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (made == 0) throw Failure{usage_or_io, fmt::format("cannot create '{}'", options.out)};
+    copy_other_files(model, options.out);
+  }
+  for (const auto& each : model.files()) {  // untouched files are copied in parallel too
+    const bool holds = &each == &file;
+    io::write_safetensors(mesh, each, output_of(options, model, each),
+                          holds ? update : std::vector<io::TensorUpdate>{});
+    written.push_back(output_of(options, model, each).string());
+  }
+  return written;
+}
+
+// The whole job for one element type, mesh and layout.
+template <class T, std::size_t N, class L>
+int run_repair(const Options& options, const io::Checkpoint& model, const kshard::Mesh<N>& mesh,
+               const L& layout, const std::string& embed,
+               const std::optional<std::string>& lm_head) {
+  const bool use_output = lm_head.has_value();
+  const auto start = std::chrono::steady_clock::now();
+  io::reset_io_stats();
+  const auto input = io::read_matrix<T>(model.file_of(embed), embed, mesh, layout);
+  std::optional<std::remove_cv_t<decltype(input)>> output;
+  if (use_output)
+    output.emplace(io::read_matrix<T>(model.file_of(*lm_head), *lm_head, mesh, layout));
+  say("read {} on {} rank(s): {}\n", use_output ? "both embeddings" : "the embedding", mesh.size(),
+      throughput(io_bytes(io::io_stats().bytes_read), seconds_since(start)));
+
+  auto config = kshard::RepairConfig(true, options.min_norm, options.max_rows,
+                                     use_output ? kshard::RepairStrategy::output_direction
+                                                : kshard::RepairStrategy::mean_direction);
+  std::vector<index_t> keep = options.keep.value_or(std::vector<index_t>{});
+  if (!options.keep && model.config().pad_token_id) keep.push_back(*model.config().pad_token_id);
+  config = config.keep_rows(keep);
+  if (options.relative_threshold) config = config.relative_threshold(*options.relative_threshold);
+  const kshard::RepairNames names{embed, lm_head.value_or("lm_head")};
+
+  nlohmann::json json{{"model", options.model},
+                      {"embed", embed},
+                      {"lm_head", lm_head ? nlohmann::json(*lm_head) : nlohmann::json(nullptr)},
+                      {"strategy", use_output ? "output" : "mean"},
+                      {"mesh", mesh.shape()},
+                      {"layout", fmt::format("{}", layout)},
+                      {"mode", options.dry_run    ? "dry-run"
+                               : options.in_place ? "in-place"
+                                                  : "out"}};
+  if (!options.report.empty()) json["tensor_hashes_before"] = tensor_hashes(model);
+
+  std::optional<kshard::RepairReport> report;
+  std::vector<double> after;
+  std::vector<std::string> written;
+  try {
+    report = options.dry_run ? kshard::find_damaged_rows(input, config, names)
+             : use_output    ? kshard::repair_embedding_rows(input, *output, config, names)
+                             : kshard::repair_embedding_rows(input, config, names);
+  } catch (const kshard::error& e) {
+    throw Failure{refused, e.what()};
+  }
+  const std::vector<index_t>& ids = report->repaired_row_ids;
+  say("{}{}\n", options.dry_run ? "dry run, nothing written: " : "", *report);
+  if (!report->relative_row_ids.empty())
+    say("found by the relative test (norm below {} x the median {:g}): {} row(s) [{}]\n",
+        *options.relative_threshold, report->median_norm.value_or(0.0),
+        report->relative_row_ids.size(), fmt::join(report->relative_row_ids, ", "));
+  if (!options.dry_run && !ids.empty()) {
+    after = norms_of(input, ids);
+    const auto write_start = std::chrono::steady_clock::now();
+    io::reset_io_stats();
+    written = write_result(options, model, mesh, embed, input, ids);
+    say("wrote {}\n",
+        throughput(io_bytes(io::io_stats().bytes_written), seconds_since(write_start)));
+  } else if (!options.dry_run) {
+    say("nothing to repair; nothing written\n");
+  }
+  if (!options.report.empty()) {
+    json.update(report_json(*report, after));
+    json["files_written"] = written;
+    json["tensors_touched"] =
+        written.empty() ? std::vector<std::string>{} : std::vector<std::string>{embed};
+    if (!written.empty() && !options.in_place)
+      json["tensor_hashes_after"] = tensor_hashes(io::Checkpoint(mesh, options.out));
+    else if (options.in_place && !written.empty())
+      json["tensor_hashes_after"] = tensor_hashes(io::Checkpoint(mesh, options.model));
+    if (world_rank() == 0) std::ofstream(options.report) << json.dump(2) << '\n';
+  }
+  return repaired_or_clean;
+}
+
+// Element type from the embedding's dtype, then the layout read from the command line.
+template <std::size_t N>
+int dispatch(const Options& options, const io::Checkpoint& model, const kshard::Mesh<N>& mesh,
+             const std::vector<kshard::PlacementSpec>& layout, const std::string& embed,
+             const std::optional<std::string>& lm_head) {
+  const io::Dtype dtype = model.file_of(embed).header().find(embed)->dtype;
+  using Set = kshard::placement_set<kshard::Replicate, kshard::Shard<0>, kshard::Shard<1>,
+                                    kshard::StridedShard<0>>;
+  return kshard::dispatch_layout<N, Set>(layout, [&](const auto& l) {
+    switch (dtype) {
+      case io::Dtype::F32:
+        return run_repair<float>(options, model, mesh, l, embed, lm_head);
+      case io::Dtype::F64:
+        return run_repair<double>(options, model, mesh, l, embed, lm_head);
+      case io::Dtype::BF16:
+        return run_repair<kshard::bf16>(options, model, mesh, l, embed, lm_head);
+      default:
+        throw Failure{refused, fmt::format("'{}' is {}; kshard-repair repairs F32, F64 and BF16",
+                                           embed, io::to_string(dtype))};
+    }
+  });
+}
+
+// Restores every file of the checkpoint that has an undo file.
+template <std::size_t N>
+int undo(const io::Checkpoint& model, const kshard::Mesh<N>& mesh) {
+  int undone = 0;
+  for (const auto& file : model.files()) {
+    int exists = world_rank() == 0 && fs::exists(undo_path(file));
+    MPI_Bcast(&exists, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (exists == 0) continue;
+    io::undo_in_place(mesh, undo_path(file));
+    say("restored '{}' from '{}'\n", file.path().string(), undo_path(file).string());
+    ++undone;
+  }
+  if (undone == 0)
+    throw Failure{usage_or_io,
+                  fmt::format("no undo file next to the weights of '{}'", model.path().string())};
+  return repaired_or_clean;
+}
+
+std::string layout_text(const std::vector<kshard::PlacementSpec>& layout) {
+  std::vector<std::string> parts;
+  for (const auto& spec : layout) parts.push_back(kshard::to_string(spec));
+  return fmt::format("({})", fmt::join(parts, ", "));
+}
+
+template <std::size_t N>
+int run_on(const Options& options, const kshard::Mesh<N>& mesh,
+           const std::vector<kshard::PlacementSpec>& layout) {
+  const io::Checkpoint model(mesh, options.model);
+  if (options.undo) return undo(model, mesh);
+  const auto embed = pick(model, options.embed, embed_names, "input embedding");
+  if (!embed)
+    throw Failure{refused, fmt::format("found no input embedding in '{}' (looked for {}); name "
+                                       "it with --embed",
+                                       options.model, fmt::join(embed_names, ", "))};
+  auto lm_head = pick(model, options.lm_head, lm_head_names, "LM head");
+  const bool tied = model.config().tie_word_embeddings.value_or(!lm_head.has_value());
+  if (options.strategy == "mean" || (options.strategy.empty() && tied)) lm_head.reset();
+  if (options.strategy == "output" && !lm_head)
+    throw Failure{refused,
+                  "--strategy output needs an LM head; the checkpoint has none (or ties "
+                  "it to the input embedding): use --strategy mean"};
+  const auto& entry = *model.file_of(*embed).header().find(*embed);
+  say("kshard-repair: {} {} {} in '{}'; {} on a {} mesh, layout {}\n", *embed,
+      io::to_string(entry.dtype), io::detail::shape_text(entry.shape),
+      model.file_of(*embed).path().string(),
+      lm_head ? fmt::format("directions from {}", *lm_head)
+              : std::string("directions from the mean healthy row"),
+      fmt::join(mesh.shape(), "x"), layout_text(layout));
+  return dispatch(options, model, mesh, layout, *embed, lm_head);
+}
+
+int run(const Options& options) {
+  std::vector<int> shape;
+  std::vector<kshard::PlacementSpec> layout;
+  try {
+    shape = options.mesh.empty() ? std::vector<int>{world_size()}
+                                 : kshard::parse_mesh_shape(options.mesh);
+    const std::string text = !options.layout.empty()
+                                 ? options.layout
+                                 : (shape.size() == 1 ? "Shard(0)" : "Replicate(), Shard(0)");
+    layout = kshard::parse_layout(text);
+  } catch (const kshard::error& e) {
+    throw Failure{usage_or_io, e.what()};
+  }
+  if (shape.size() == 1) {
+    const kshard::Mesh<1> mesh(MPI_COMM_WORLD, {shape[0]});
+    return run_on(options, mesh, layout);
+  }
+  if (shape.size() == 2) {
+    const kshard::Mesh<2> mesh(MPI_COMM_WORLD, {shape[0], shape[1]}, {"dp", "tp"});
+    return run_on(options, mesh, layout);
+  }
+  throw Failure{usage_or_io, fmt::format("--mesh {} has {} dimensions; kshard-repair takes 1 or 2",
+                                         options.mesh, shape.size())};
+}
+
+void define(CLI::App& app, Options& o) {
+  app.add_option("MODEL", o.model, "a .safetensors file or a checkpoint folder")->required();
+  auto* out = app.add_option("--out", o.out,
+                             "write the repaired checkpoint here (a file for a file, a folder "
+                             "for a folder)");
+  auto* in_place = app.add_flag("--in-place", o.in_place,
+                                "write the repaired rows into MODEL (an undo file is kept)");
+  auto* dry_run = app.add_flag("--dry-run", o.dry_run, "only report what would be repaired");
+  auto* undo = app.add_flag("--undo", o.undo, "restore the rows of the last --in-place run");
+  out->excludes(in_place, dry_run, undo);
+  in_place->excludes(dry_run, undo);
+  dry_run->excludes(undo);
+  app.add_option("--report", o.report, "write a JSON report here");
+  app.add_option("--embed", o.embed, "input embedding tensor (default: detected)");
+  app.add_option("--lm-head", o.lm_head, "output embedding tensor (default: detected)");
+  app.add_option("--strategy", o.strategy, "where repaired rows take their direction from")
+      ->check(CLI::IsMember({"output", "mean"}));
+  app.add_option("--max-rows", o.max_rows, "refuse when more rows are damaged (default 256)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--min-norm", o.min_norm, "rows with a norm <= this are damaged (default 1e-6)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--relative-threshold", o.relative_threshold,
+                 "rows below R x the median healthy norm are damaged too (0 < R <= 1)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--keep", o.keep, "row ids to leave alone (default: pad_token_id)")
+      ->delimiter(',');
+  app.add_option("--mesh", o.mesh, "mesh shape, e.g. 4 or 2x2 (default: all ranks in one line)");
+  app.add_option("--layout", o.layout,
+                 "placements, e.g. \"Shard(0)\" or \"Replicate(), Shard(0)\" (default: rows "
+                 "sharded on the last mesh dimension)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int code = repaired_or_clean;
+  {
+    CLI::App app("kshard-repair: repair damaged embedding rows of a safetensors checkpoint",
+                 "kshard-repair");
+    Options options;
+    define(app, options);
+    try {
+      app.parse(argc, argv);
+      if (options.out.empty() && !options.in_place && !options.dry_run && !options.undo)
+        throw CLI::RequiredError("one of --out, --in-place, --dry-run or --undo");
+    } catch (const CLI::ParseError& e) {
+      code = e.get_exit_code() == 0 ? repaired_or_clean : usage_or_io;
+      if (world_rank() == 0) app.exit(e);
+      MPI_Finalize();
+      return code;
+    }
+    kshard::set_log_handler({});  // the tool prints its own summary
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    try {
+      code = run(options);
+    } catch (const Failure& failure) {
+      say("kshard-repair: {}: {}\n", failure.code == refused ? "refused" : "error",
+          failure.message);
+      code = failure.code;
+    } catch (const kshard::error& e) {
+      say("kshard-repair: error: {}\n", e.what());
+      code = usage_or_io;
+    }
+  }
+  MPI_Finalize();
+  return code;
+}
