@@ -151,6 +151,14 @@ def target_rows(records):
                   and x["ranks"] == 1 and x["config"] == "serial" and x.get("ratio") is not None]:
             add(f"GEMM {r['case'][5:]} ({r['form']}, {r['m']}x{r['n']}x{r['k']}) / OpenBLAS",
                 r, r["ratio"], 0.5, True, note=f", {r['isa']}")
+    for case, what in (("read_rows_vs_pread", "rows (Shard<0>)"), ("read_cols_vs_pread",
+                                                                   "columns (Shard<1>)")):
+        for r in pick(records, "io", case):
+            add(f"reading an embedding's {what} / a pread loop over the same bytes", r,
+                1 / r["ratio"], 0.8, True, "x")
+    for r in pick(records, "io", "in_place_write_bytes"):
+        add(f"in-place write of {r['repaired_rows']} rows: bytes written / (rows + undo file)", r,
+            r["bytes_written"] / (r["row_bytes"] + r["undo_bytes"]), 1.0, False)
     for r in pick(records, "rowwise", "peak_rss"):
         # Input and output tables of the rowwise run; a V x H temporary adds a whole table.
         limit = 2.5 * r["table_mib_per_rank"] + 100

@@ -17,6 +17,7 @@
 
 #include "kshard/distribute.hpp"
 #include "kshard/format.hpp"
+#include "kshard/io/checkpoint.hpp"
 #include "kshard/io/safetensors.hpp"
 #include "kshard/rowwise.hpp"
 #include "kshard_test.hpp"
@@ -395,6 +396,65 @@ TEST(SafetensorsMpi, RefusesInPlaceWritesAlike) {
   const std::string message =
       kshard::test::collective_error([&] { io::undo_in_place(line, undo); });
   EXPECT_NE(message.find("is not a kshard undo file"), std::string::npos) << message;
+}
+
+// Rank 0 writes `text` to `path`; everyone waits for it.
+void write_text(const fs::path& path, const std::string& text) {
+  std::vector<std::byte> bytes(text.size());
+  std::memcpy(bytes.data(), text.data(), text.size());
+  write_file(path, bytes);
+}
+
+// A sharded checkpoint folder: "weight" in the second file, the config's fields read, and
+// indexes and configs that lie refused alike on every rank.
+TEST(SafetensorsMpi, OpensShardedCheckpointFolders) {
+  const Scratch scratch;
+  const kshard::Mesh<1> line(MPI_COMM_WORLD, {kshard::test::world_size()});
+  const fs::path folder = scratch / "model";
+  if (kshard::test::world_rank() == 0) fs::create_directories(folder);
+  const auto full = kshard::test::reference_matrix<float>(5, 3, 37);
+  write_file(folder / "a.safetensors",
+             checkpoint_image(kshard::test::reference_matrix<float>(2, 2, 1)));
+  write_file(folder / "b.safetensors", checkpoint_image(full));
+  const std::string index = R"({"metadata": {}, "weight_map": {"weight": "b.safetensors",
+      "odd": "a.safetensors", "after": "a.safetensors"}})";
+  write_text(folder / "model.safetensors.index.json", index);
+  write_text(folder / "config.json", R"({"pad_token_id": 3, "tie_word_embeddings": false,
+      "vocab_size": 5, "hidden_size": 3})");
+
+  const io::Checkpoint model(line, folder);
+  EXPECT_TRUE(model.is_folder());
+  EXPECT_EQ(model.files().size(), 2u);
+  EXPECT_EQ(model.file_of("weight").path(), folder / "b.safetensors");
+  EXPECT_EQ(model.tensor_names(), (std::vector<std::string>{"after", "odd", "weight"}));
+  EXPECT_EQ(model.config().pad_token_id, 3);
+  EXPECT_EQ(model.config().tie_word_embeddings, false);
+  EXPECT_EQ(model.config().vocab_size, 5);
+  const auto matrix = io::read_matrix<float, ExecSpace, MemSpace>(
+      model.file_of("weight"), "weight", line, kshard::Layout(kshard::Shard<0>{}));
+  expect_holds(matrix, full);
+
+  auto refused = [&](const std::string& file, const std::string& text, const std::string& phrase) {
+    write_text(folder / file, text);
+    const std::string message =
+        kshard::test::collective_error([&] { static_cast<void>(io::Checkpoint(line, folder)); });
+    EXPECT_NE(message.find(phrase), std::string::npos) << message;
+  };
+  refused("model.safetensors.index.json", R"({"weight_map": {"weight": "../b.safetensors"}})",
+          "not a file name in the checkpoint's folder");
+  refused("model.safetensors.index.json", R"({"weight_map": {"twin2": "b.safetensors"}})",
+          "which has no such tensor");
+  refused("model.safetensors.index.json", R"({"weight_map": {"weight": "c.safetensors"}})",
+          "cannot open");
+  refused("model.safetensors.index.json", R"({"weight_map": [1, 2]})", "no \"weight_map\"");
+  refused("model.safetensors.index.json", "{", "not valid JSON");
+  write_text(folder / "model.safetensors.index.json", index);
+  refused("config.json", R"({"pad_token_id": "zero"})",
+          "\"pad_token_id\" is \"zero\", not an integer");
+  refused("config.json", R"({"tie_word_embeddings": 1})", "not true or false");
+  const std::string missing = kshard::test::collective_error(
+      [&] { static_cast<void>(io::Checkpoint(line, scratch / "nothing")); });
+  EXPECT_NE(missing.find("cannot open"), std::string::npos) << missing;
 }
 
 }  // namespace
