@@ -210,6 +210,37 @@ nlohmann::json report_json(const kshard::RepairReport& report, const std::vector
           {"direction_from", report.output_name ? *report.output_name : "mean of healthy rows"}};
 }
 
+// Rank 0 writes `json` to the report file; every rank learns whether it could.
+void write_report(const std::string& path, const nlohmann::json& json) {
+  int ok = 1;
+  if (world_rank() == 0) {
+    std::ofstream out(path, std::ios::trunc);
+    out << json.dump(2) << '\n';
+    ok = out.good() ? 1 : 0;
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (ok == 0) throw Failure{usage_or_io, fmt::format("cannot write the report '{}'", path)};
+}
+
+// Ids as "[a, b, c]", the middle of a long list left out.
+std::string id_list(const std::vector<index_t>& ids) {
+  constexpr std::size_t shown = 16;
+  if (ids.size() <= shown) return fmt::format("[{}]", fmt::join(ids, ", "));
+  const std::vector<index_t> head(ids.begin(), ids.begin() + shown - 4);
+  const std::vector<index_t> tail(ids.end() - 4, ids.end());
+  return fmt::format("[{}, ... {} more ..., {}]", fmt::join(head, ", "), ids.size() - shown,
+                     fmt::join(tail, ", "));
+}
+
+// The report in one line: kshard's own printing, or counts when the lists are long.
+std::string summary(const kshard::RepairReport& report) {
+  if (report.repaired_row_ids.size() <= 16) return fmt::format("{}", report);
+  return fmt::format("{}: {} damaged row(s) {}; min norm before {:g}, target norm {:g}; kept {}",
+                     report.input_name, report.repaired_row_ids.size(),
+                     id_list(report.repaired_row_ids), report.min_norm_before,
+                     report.target_norm.value_or(0.0), id_list(report.kept_row_ids));
+}
+
 // Copies the checkpoint folder's other files (config, tokenizer, index) into `out` (rank 0).
 void copy_other_files(const io::Checkpoint& model, const fs::path& out) {
   if (world_rank() != 0) return;
@@ -301,11 +332,11 @@ int run_repair(const Options& options, const io::Checkpoint& model, const kshard
     throw Failure{refused, e.what()};
   }
   const std::vector<index_t>& ids = report->repaired_row_ids;
-  say("{}{}\n", options.dry_run ? "dry run, nothing written: " : "", *report);
+  say("{}{}\n", options.dry_run ? "dry run, nothing written: " : "", summary(*report));
   if (!report->relative_row_ids.empty())
-    say("found by the relative test (norm below {} x the median {:g}): {} row(s) [{}]\n",
+    say("found by the relative test (norm below {} x the median {:g}): {} row(s) {}\n",
         *options.relative_threshold, report->median_norm.value_or(0.0),
-        report->relative_row_ids.size(), fmt::join(report->relative_row_ids, ", "));
+        report->relative_row_ids.size(), id_list(report->relative_row_ids));
   if (!options.dry_run && !ids.empty()) {
     after = norms_of(input, ids);
     const auto write_start = std::chrono::steady_clock::now();
@@ -325,7 +356,8 @@ int run_repair(const Options& options, const io::Checkpoint& model, const kshard
       json["tensor_hashes_after"] = tensor_hashes(io::Checkpoint(mesh, options.out));
     else if (options.in_place && !written.empty())
       json["tensor_hashes_after"] = tensor_hashes(io::Checkpoint(mesh, options.model));
-    if (world_rank() == 0) std::ofstream(options.report) << json.dump(2) << '\n';
+    json["status"] = "done";
+    write_report(options.report, json);
   }
   return repaired_or_clean;
 }
@@ -405,6 +437,8 @@ int run_on(const Options& options, const kshard::Mesh<N>& mesh,
 }
 
 int run(const Options& options) {
+  if (!options.report.empty())  // before any work: a report that cannot be written is an error
+    write_report(options.report, {{"status", "running"}});
   std::vector<int> shape;
   std::vector<kshard::PlacementSpec> layout;
   try {
@@ -427,6 +461,22 @@ int run(const Options& options) {
   }
   throw Failure{usage_or_io, fmt::format("--mesh {} has {} dimensions; kshard-repair takes 1 or 2",
                                          options.mesh, shape.size())};
+}
+
+// Prints the failure (rank 0), records it in the report when there is one, and returns its
+// exit code.
+int fail(const Options& options, const Failure& failure) {
+  const char* kind = failure.code == refused ? "refused" : "error";
+  say("kshard-repair: {}: {}\n", kind, failure.message);
+  if (!options.report.empty() && failure.message.rfind("cannot write the report", 0) != 0) {
+    try {
+      write_report(options.report, {{"status", kind},
+                                    {"message", failure.message},
+                                    {"exit_code", static_cast<int>(failure.code)}});
+    } catch (const Failure&) {  // the failure being reported is the one that matters
+    }
+  }
+  return failure.code;
 }
 
 void define(CLI::App& app, Options& o) {
@@ -486,12 +536,9 @@ int main(int argc, char** argv) {
     try {
       code = run(options);
     } catch (const Failure& failure) {
-      say("kshard-repair: {}: {}\n", failure.code == refused ? "refused" : "error",
-          failure.message);
-      code = failure.code;
+      code = fail(options, failure);
     } catch (const kshard::error& e) {
-      say("kshard-repair: error: {}\n", e.what());
-      code = usage_or_io;
+      code = fail(options, Failure{usage_or_io, e.what()});
     }
   }
   MPI_Finalize();

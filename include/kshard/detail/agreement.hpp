@@ -46,7 +46,7 @@ class Digest {
 
  private:
   void mix(unsigned char byte) { hash_ = (hash_ ^ byte) * 1099511628211ull; }
-  std::uint64_t hash_ = 1469598103934665603ull;
+  std::uint64_t hash_ = 0xcbf29ce484222325ull;
 };
 
 // Renders an agreed value for an error message ("Shard(0)", "float", "12").
