@@ -55,6 +55,14 @@ operation compared with itself); the ratio is the median of the per-repetition r
   (`gemm_generic`, SSE2 without FMA, against OpenBLAS's run-time AVX-512 kernels) the same
   code reaches 0.24-0.38x: half the vector width and no fused multiply-add; build HPC codes
   for their machine. With OpenMP (2 threads) the product runs 1.3-1.9x one OpenBLAS thread.
+- **Checkpoint reads** (`io::read_into`, the 30522 x 384 F32 embedding of all-MiniLM-L6-v2's
+  size, page-cached) against a `pread` loop over exactly the bytes each rank holds, into memory
+  both already hold: rows (the vocabulary-parallel layout) at 0.86-0.94x at 1 and 2 ranks.
+  Columns at 2 ranks miss (0.65x with Open MPI's OMPIO, 0.74x through ROMIO): each rank reads a
+  768-byte piece of every row, and both MPI-IO libraries serve that slower than 30k preads.
+  Reading whole-row blocks and redistributing them was tried: 1.08x the pread loop through
+  ROMIO but 0.45x through OMPIO, so it is not in. An in-place repair of 256 rows writes exactly
+  those rows plus the undo file.
 - **Collective watchdog** (`KSHARD_COLLECTIVE_TIMEOUT`): the lookup and `Shard<0> ->
   Replicate` run 0.98-1.02x as fast with it on as off, at 1-4 ranks: a thread watches the
   blocking collectives, which stay as they are. Starting each collective non-blocking and
