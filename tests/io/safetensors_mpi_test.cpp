@@ -59,7 +59,7 @@ std::vector<std::byte> read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::vector<char> text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<std::byte> bytes(text.size());
-  std::memcpy(bytes.data(), text.data(), text.size());
+  if (!text.empty()) std::memcpy(bytes.data(), text.data(), text.size());
   return bytes;
 }
 
@@ -76,7 +76,7 @@ void write_file(const fs::path& path, const std::vector<std::byte>& bytes) {
 template <class T>
 std::vector<std::byte> bytes_of(const kshard::HostMatrix<T>& m) {
   std::vector<std::byte> bytes(m.span() * sizeof(T));
-  std::memcpy(bytes.data(), m.data(), bytes.size());
+  if (!bytes.empty()) std::memcpy(bytes.data(), m.data(), bytes.size());
   return bytes;
 }
 
@@ -401,7 +401,7 @@ TEST(SafetensorsMpi, RefusesInPlaceWritesAlike) {
 // Rank 0 writes `text` to `path`; everyone waits for it.
 void write_text(const fs::path& path, const std::string& text) {
   std::vector<std::byte> bytes(text.size());
-  std::memcpy(bytes.data(), text.data(), text.size());
+  if (!text.empty()) std::memcpy(bytes.data(), text.data(), text.size());
   write_file(path, bytes);
 }
 

@@ -765,7 +765,7 @@ inline void write_undo(const SafetensorsFile& file, const std::vector<TensorUpda
         {fmt::format("{}.bytes", i), UpdateAccess::dtype(u), {count, UpdateAccess::cols(u)}});
     const std::size_t ids_at = data.size();
     data.resize(ids_at + ids.size() * sizeof(index_t));
-    std::memcpy(data.data() + ids_at, ids.data(), ids.size() * sizeof(index_t));
+    if (!ids.empty()) std::memcpy(data.data() + ids_at, ids.data(), ids.size() * sizeof(index_t));
     const std::uint64_t offset = file.file_offset(*file.header().find(u.name()));
     for (const index_t id : ids) {
       const std::size_t at = data.size();
