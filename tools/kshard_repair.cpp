@@ -241,18 +241,29 @@ std::string summary(const kshard::RepairReport& report) {
                      report.target_norm.value_or(0.0), id_list(report.kept_row_ids));
 }
 
-// Copies the checkpoint folder's other files (config, tokenizer, index) into `out` (rank 0).
-void copy_other_files(const io::Checkpoint& model, const fs::path& out) {
-  if (world_rank() != 0) return;
-  for (const auto& entry : fs::directory_iterator(model.path())) {
-    if (!entry.is_regular_file()) continue;
-    const auto name = entry.path().filename();
-    bool is_weights = false;
-    for (const auto& file : model.files())
-      is_weights = is_weights || file.path().filename() == name;
-    if (!is_weights && name.string().find(".kshard-") == std::string::npos)
-      fs::copy_file(entry.path(), out / name, fs::copy_options::overwrite_existing);
+// Rank 0 makes the output folder and copies the checkpoint folder's other files into it
+// (config, tokenizer, index); every rank learns whether that worked. Filesystem calls report
+// through error codes: a throw on rank 0 alone would leave the others waiting.
+void prepare_output_folder(const io::Checkpoint& model, const fs::path& out) {
+  std::error_code failed;
+  if (world_rank() == 0) {
+    fs::create_directories(out, failed);
+    for (fs::directory_iterator it(model.path(), failed), end; !failed && it != end;
+         it.increment(failed)) {
+      const auto name = it->path().filename();
+      bool is_weights = false;
+      for (const auto& file : model.files())
+        is_weights = is_weights || file.path().filename() == name;
+      if (it->is_regular_file() && !is_weights &&
+          name.string().find(".kshard-") == std::string::npos)
+        fs::copy_file(it->path(), out / name, fs::copy_options::overwrite_existing, failed);
+    }
   }
+  int ok = failed ? 0 : 1;
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (ok == 0)
+    throw Failure{usage_or_io, fmt::format("cannot prepare the output folder '{}'{}", out.string(),
+                                           failed ? ": " + failed.message() : std::string())};
 }
 
 // Writes the repaired rows: a new checkpoint or in place. Returns the files written.
@@ -269,14 +280,7 @@ std::vector<std::string> write_result(const Options& options, const io::Checkpoi
         file.path().string(), options.model);
     return {file.path().string()};
   }
-  if (model.is_folder()) {
-    int made = 1;
-    if (world_rank() == 0)
-      made = fs::create_directories(options.out) || fs::is_directory(options.out);
-    MPI_Bcast(&made, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    if (made == 0) throw Failure{usage_or_io, fmt::format("cannot create '{}'", options.out)};
-    copy_other_files(model, options.out);
-  }
+  if (model.is_folder()) prepare_output_folder(model, options.out);
   for (const auto& each : model.files()) {  // untouched files are copied in parallel too
     const bool holds = &each == &file;
     io::write_safetensors(mesh, each, output_of(options, model, each),
@@ -390,7 +394,8 @@ template <std::size_t N>
 int undo(const io::Checkpoint& model, const kshard::Mesh<N>& mesh) {
   int undone = 0;
   for (const auto& file : model.files()) {
-    int exists = world_rank() == 0 && fs::exists(undo_path(file));
+    std::error_code ignored;  // rank 0 alone looks: it must not throw
+    int exists = world_rank() == 0 && fs::exists(undo_path(file), ignored);
     MPI_Bcast(&exists, 1, MPI_INT, 0, MPI_COMM_WORLD);
     if (exists == 0) continue;
     io::undo_in_place(mesh, undo_path(file));

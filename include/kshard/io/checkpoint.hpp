@@ -55,7 +55,8 @@ inline std::optional<std::string> read_small_file(MPI_Comm comm,
   std::optional<std::string> problem;
   std::string text;
   std::int64_t state = 0;  // 0: absent, 1: read
-  if (kshard::detail::comm_rank(comm) == 0 && std::filesystem::exists(path)) {
+  std::error_code ec;      // rank 0 alone looks: it must not throw
+  if (kshard::detail::comm_rank(comm) == 0 && std::filesystem::exists(path, ec)) {
     state = 1;
     problem = attempt([&] {
       const std::uint64_t size = std::filesystem::file_size(path);
@@ -150,7 +151,8 @@ class Checkpoint {
     detail::Agreement agreement(comm);
     kshard::detail::same_text(agreement, "the checkpoint path", path_.string());
     agreement.settle();
-    std::int64_t is_folder = mesh.my_rank() == 0 && std::filesystem::is_directory(path_);
+    std::error_code ec;  // rank 0 alone looks: it must not throw
+    std::int64_t is_folder = mesh.my_rank() == 0 && std::filesystem::is_directory(path_, ec);
     kshard::detail::broadcast(&is_folder, 1, 0, comm);
     folder_ = is_folder != 0;
     if (!folder_) {

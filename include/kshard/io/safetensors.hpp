@@ -682,7 +682,8 @@ void write_safetensors(const Mesh<N>& mesh, const SafetensorsFile& source,
   detail::check_updates(agreement, source, updates, comm);
   if (mesh.my_rank() == 0) {
     agreement.problem(detail::target_problem(source, target));
-    std::filesystem::remove(partial);  // a run killed before its rename left it
+    std::error_code ignored;                    // a throw here would leave the other ranks waiting
+    std::filesystem::remove(partial, ignored);  // a run killed before its rename left it
   }
   agreement.settle();
   try {
@@ -691,7 +692,8 @@ void write_safetensors(const Mesh<N>& mesh, const SafetensorsFile& source,
                     if (mesh.my_rank() == 0) detail::publish(partial, target);
                   }));
   } catch (const error&) {
-    if (mesh.my_rank() == 0) std::filesystem::remove(partial);
+    std::error_code ignored;
+    if (mesh.my_rank() == 0) std::filesystem::remove(partial, ignored);
     throw;
   }
 }
@@ -733,7 +735,8 @@ inline void write_durably(const std::filesystem::path& path, const std::vector<s
   ::close(fd);
   io_stats().bytes_written += static_cast<std::int64_t>(done);
   if (!ok) {
-    std::filesystem::remove(partial);
+    std::error_code ignored;
+    std::filesystem::remove(partial, ignored);
     throw error(
         fmt::format("kshard::io: writing '{}' failed: {}", partial.string(), std::strerror(errno)));
   }
@@ -932,7 +935,8 @@ void write_rows_in_place(const Mesh<N>& mesh, const SafetensorsFile& file,
                       detail::in_quotes(u.name())));
   if (mesh.my_rank() == 0) {
     agreement.problem(detail::writable_problem(file));
-    if (std::filesystem::exists(undo))
+    std::error_code ec;  // rank 0 alone looks: it must not throw
+    if (std::filesystem::exists(undo, ec) || ec)
       agreement.problem(
           fmt::format("kshard::io: the undo file '{}' exists already; undo that "
                       "write or remove the file first",
