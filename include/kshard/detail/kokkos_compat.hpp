@@ -13,3 +13,19 @@
 #else
 #define KSHARD_KOKKOS_HAS_BF16 0
 #endif
+
+namespace kshard::detail {
+
+// Waits for the work submitted to `space` only (never a global fence), labelled for Kokkos
+// Tools where the Kokkos in use labels fences (3.6 and later).
+template <class ExecSpace>
+void fence(const ExecSpace& space, const char* label) {
+#if KOKKOS_VERSION >= 30600
+  space.fence(label);
+#else
+  (void)label;
+  space.fence();
+#endif
+}
+
+}  // namespace kshard::detail
