@@ -175,8 +175,8 @@ void exchange(const ShardView<T, S>& in, const Geometry<NS>& src, const ShardVie
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::recv"),
       static_cast<std::size_t>(received));
   pack_blocks<ExecSpace>(in, send, send_buffer);
-  with_mpi_access<ExecSpace>(send_buffer, true, false, [&](const T* s) {
-    with_mpi_access<ExecSpace>(recv_buffer, false, true, [&](T* r) {
+  with_mpi_access(ExecSpace(), send_buffer, true, false, [&](const T* s) {
+    with_mpi_access(ExecSpace(), recv_buffer, false, true, [&](T* r) {
       alltoallv(s, send_counts.data(), send_displs.data(), r, recv_counts.data(),
                 recv_displs.data(), comm);
     });
@@ -204,9 +204,8 @@ void run_step(const Mesh<N>& mesh, const Step<N>& step, const std::array<bool, N
     case StepKind::allreduce: {
       Kokkos::deep_copy(out, in);
       const int count = mpi_count(need.local_size(), "kshard::redistribute");
-      with_mpi_access<ExecSpace>(out, true, true, [&](T* data) {
-        allreduce(data, count, mpi_op(step.op), mesh.dim_comm(m));
-      });
+      with_mpi_access(ExecSpace(), out, true, true,
+                      [&](T* data) { allreduce(data, count, mpi_op(step.op), mesh.dim_comm(m)); });
       if (step.op == ReduceOp::avg) divide_all<ExecSpace>(out, extent);
       return;
     }
@@ -225,8 +224,8 @@ void run_step(const Mesh<N>& mesh, const Step<N>& step, const std::array<bool, N
           Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::send"),
           static_cast<std::size_t>(total));
       pack_blocks<ExecSpace>(in, lists, buffer);
-      with_mpi_access<ExecSpace>(buffer, true, false, [&](const T* s) {
-        with_mpi_access<ExecSpace>(out, false, true, [&](T* r) {
+      with_mpi_access(ExecSpace(), buffer, true, false, [&](const T* s) {
+        with_mpi_access(ExecSpace(), out, false, true, [&](T* r) {
           reduce_scatter(s, r, counts.data(), mpi_op(step.op), mesh.dim_comm(m));
         });
       });
@@ -252,8 +251,8 @@ void run_step(const Mesh<N>& mesh, const Step<N>& step, const std::array<bool, N
           lands_in_place(lists, static_cast<index_t>(out.extent(1)))) {
         // Plain row shards of full width (Shard<0> -> Replicate): each member's block is
         // already where it belongs in `out`, so MPI receives straight into it.
-        with_mpi_access<ExecSpace>(in, true, false, [&](const T* s) {
-          with_mpi_access<ExecSpace>(out, false, true, [&](T* r) {
+        with_mpi_access(ExecSpace(), in, true, false, [&](const T* s) {
+          with_mpi_access(ExecSpace(), out, false, true, [&](T* r) {
             allgatherv(s, mine_count, r, counts.data(), displs.data(), mesh.dim_comm(m));
           });
         });
@@ -262,8 +261,8 @@ void run_step(const Mesh<N>& mesh, const Step<N>& step, const std::array<bool, N
       Kokkos::View<T*, S> buffer(
           Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::recv"),
           static_cast<std::size_t>(mpi_count(total, "kshard::redistribute")));
-      with_mpi_access<ExecSpace>(in, true, false, [&](const T* s) {
-        with_mpi_access<ExecSpace>(buffer, false, true, [&](T* r) {
+      with_mpi_access(ExecSpace(), in, true, false, [&](const T* s) {
+        with_mpi_access(ExecSpace(), buffer, false, true, [&](T* r) {
           allgatherv(s, mine_count, r, counts.data(), displs.data(), mesh.dim_comm(m));
         });
       });

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "kshard/comm_stats.hpp"
+#include "kshard/detail/kokkos_compat.hpp"
 #include "kshard/detail/mpi.hpp"
 
 #if defined(OPEN_MPI) && __has_include(<mpi-ext.h>)
@@ -48,38 +49,45 @@ inline bool& force_host_staging() {
 }
 
 // Calls `use(pointer)` with memory MPI may access holding `view`'s elements (contiguous views
-// only), after the execution space finished writing it. `read`: the contents must be there
-// before; `write`: what `use` writes must end in `view`. Staged bytes (both directions) are
-// counted in comm_stats().bytes_staged.
+// only), after `space` (the instance that wrote it) finished writing it. `read`: the contents must
+// be there before; `write`: what `use` writes must end in `view`. Staged bytes (both directions)
+// are counted in comm_stats().bytes_staged.
 template <class ExecSpace, class View, class Use>
-void with_mpi_access(const View& view, bool read, bool write, Use&& use) {
-  ExecSpace().fence();
+void with_mpi_access(const ExecSpace& space, const View& view, bool read, bool write, Use&& use) {
+  fence(space, "kshard: before MPI reads or writes a view");
   using Memory = typename View::memory_space;
   constexpr bool host_memory = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Memory>::accessible;
   if ((host_memory && !force_host_staging()) || (!host_memory && gpu_aware_mpi())) {
     use(view.data());
     return;
   }
-  // A separate host buffer even for host memory (create_mirror, not create_mirror_view).
-  auto host = Kokkos::create_mirror(Kokkos::HostSpace(), view);
+  // A separate host buffer even for host memory, left uninitialised (it is copied into or
+  // written by MPI before anything reads it).
+  using Value = typename View::non_const_value_type;
+  const Kokkos::View<Value*, Kokkos::HostSpace> buffer(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::staging"), view.span());
+  const Kokkos::View<typename View::non_const_data_type, typename View::array_layout,
+                     Kokkos::HostSpace, Kokkos::MemoryUnmanaged>
+      host(buffer.data(), view.layout());
   const auto bytes = static_cast<std::int64_t>(view.span() * sizeof(typename View::value_type));
   if (read) {
-    Kokkos::deep_copy(host, view);
+    Kokkos::deep_copy(space, host, view);
+    fence(space, "kshard: staged a view for MPI");
     comm_stats().bytes_staged += bytes;
   }
   use(host.data());
   if (write) {
-    Kokkos::deep_copy(view, host);
+    Kokkos::deep_copy(space, view, host);
+    fence(space, "kshard: unstaged a view MPI wrote");  // `host` is freed on return
     comm_stats().bytes_staged += bytes;
   }
 }
 
-// In-place all-reduce of a contiguous view over `comm`, after `exec` finished writing it.
+// In-place all-reduce of a contiguous view over `comm`, after `space` finished writing it.
 template <class ExecSpace, class View>
-void allreduce_view(const ExecSpace&, const View& view, MPI_Op op, MPI_Comm comm) {
+void allreduce_view(const ExecSpace& space, const View& view, MPI_Op op, MPI_Comm comm) {
   const int count = mpi_count(static_cast<std::int64_t>(view.size()), "kshard all-reduce");
-  with_mpi_access<ExecSpace>(view, true, true,
-                             [&](auto* data) { allreduce(data, count, op, comm); });
+  with_mpi_access(space, view, true, true, [&](auto* data) { allreduce(data, count, op, comm); });
 }
 
 }  // namespace kshard::detail
