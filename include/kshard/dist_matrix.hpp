@@ -120,7 +120,7 @@ class DistMatrix {
                   "kshard::DistMatrix: the layout needs one placement per mesh dimension, "
                   "but its length differs from the mesh rank");
     const detail::Operation operation("DistMatrix");
-    detail::Agreement agreement(mesh.comm());
+    detail::Agreement agreement(mesh.group());
     detail::same_shape_and_layout<T>(agreement, rows, cols, layout_, "the matrix");
     agreement.problem(validate(rows, cols, wrapped)).settle();
     mapping_ = map_layout(layout_.actions(), mesh_.shape(), mesh_.coords(), rows, cols);
@@ -139,7 +139,7 @@ class DistMatrix {
           "kshard::DistMatrix: allocating the {} x {} shard on rank {} failed: {}",
           mapping_.rows.local_extent(), mapping_.cols.local_extent(), mesh_.my_rank(), e.what());
     }
-    detail::agree(mesh.comm(), failure);
+    detail::agree(mesh.group(), failure);
   }
 
   // This rank's own checks, from its own arguments (the agreement compares them across ranks).
@@ -191,6 +191,14 @@ inline constexpr bool is_dist_matrix_v<DistMatrix<T, L, E, S>> = true;
 /// Any `kshard::DistMatrix`.
 template <class M>
 concept DistributedMatrix = is_dist_matrix_v<std::remove_cvref_t<M>>;
+
+namespace detail {
+// An execution-space instance that may run kernels on matrix `M`'s local view.
+template <class ExecSpace, class M>
+concept ExecutionSpaceFor = Kokkos::is_execution_space<ExecSpace>::value &&
+    bool(Kokkos::SpaceAccessibility<ExecSpace,
+                                    typename std::remove_cvref_t<M>::memory_space>::accessible);
+}  // namespace detail
 
 /// A `DistMatrix` whose values can be read: no mesh dimension holds a pending reduction.
 template <class M>

@@ -17,8 +17,9 @@
 #include <fmt/format.h>
 
 #include "kshard/detail/agreement.hpp"
-#include "kshard/detail/mpi.hpp"
+#include "kshard/detail/kokkos_compat.hpp"
 #include "kshard/detail/operation.hpp"
+#include "kshard/detail/staging.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/layout_mapping.hpp"
 
@@ -147,11 +148,12 @@ void gather_checks(Agreement& agreement, const Matrix& matrix, std::string_view 
 /// copies out its own shard, with no communication beyond the constructor's checks. For a
 /// `Partial` mesh dimension the value becomes a valid addend set: with `sum`, coordinate 0
 /// holds the value and the others zeros; with `max`, `min` and `avg` every rank holds it.
-template <class ExecSpace = Kokkos::DefaultExecutionSpace,
-          class MemSpace = typename ExecSpace::memory_space, class T, std::size_t M, class L>
-DistMatrix<T, L, ExecSpace, MemSpace> distribute(const Mesh<M>& mesh, const L& layout,
-                                                 const HostMatrix<const T>& full,
-                                                 const std::string& label = "kshard::distribute") {
+/// The copy to the shard runs on `space`, which is fenced before returning.
+template <class ExecSpace, class MemSpace = typename ExecSpace::memory_space, class T,
+          std::size_t M, class L>
+requires Kokkos::is_execution_space<ExecSpace>::value DistMatrix<T, L, ExecSpace, MemSpace>
+distribute(const ExecSpace& space, const Mesh<M>& mesh, const L& layout,
+           const HostMatrix<const T>& full, const std::string& label = "kshard::distribute") {
   const detail::Operation operation("distribute");
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, static_cast<index_t>(full.extent(0)),
                                                static_cast<index_t>(full.extent(1)), label);
@@ -162,8 +164,18 @@ DistMatrix<T, L, ExecSpace, MemSpace> distribute(const Mesh<M>& mesh, const L& l
                                    for (index_t j = 0; j < n; ++j)
                                      host(lr, lc + j) = holds_value ? full(gr, gc + j) : T{};
                                  });
-  Kokkos::deep_copy(matrix.local(), host);
+  Kokkos::deep_copy(space, matrix.local(), host);
+  detail::fence(space, "kshard::distribute: the shard is copied (its host source is freed)");
   return matrix;
+}
+
+/// `distribute(space, mesh, layout, full)` on a default instance of `ExecSpace`.
+template <class ExecSpace = Kokkos::DefaultExecutionSpace,
+          class MemSpace = typename ExecSpace::memory_space, class T, std::size_t M, class L>
+DistMatrix<T, L, ExecSpace, MemSpace> distribute(const Mesh<M>& mesh, const L& layout,
+                                                 const HostMatrix<const T>& full,
+                                                 const std::string& label = "kshard::distribute") {
+  return distribute<ExecSpace, MemSpace>(ExecSpace{}, mesh, layout, full, label);
 }
 
 /// Builds a `DistMatrix` from `full`, the whole matrix, held by rank `root` only (a scatter,
@@ -176,18 +188,19 @@ DistMatrix<T, L, ExecSpace, MemSpace> distribute(const Mesh<M>& mesh, const L& l
 /// ranks that disagree on the element type or layout, and a message longer than INT_MAX
 /// elements are the same `kshard::error` on every rank; the root's shape reaches every rank
 /// before any rank checks it.
-template <class ExecSpace = Kokkos::DefaultExecutionSpace,
-          class MemSpace = typename ExecSpace::memory_space, class T, std::size_t M, class L>
-DistMatrix<T, L, ExecSpace, MemSpace> distribute(const Mesh<M>& mesh, const L& layout,
-                                                 const HostMatrix<const T>& full, Root root,
-                                                 const std::string& label = "kshard::distribute") {
+template <class ExecSpace, class MemSpace = typename ExecSpace::memory_space, class T,
+          std::size_t M, class L>
+requires Kokkos::is_execution_space<ExecSpace>::value DistMatrix<T, L, ExecSpace, MemSpace>
+distribute(const ExecSpace& space, const Mesh<M>& mesh, const L& layout,
+           const HostMatrix<const T>& full, Root root,
+           const std::string& label = "kshard::distribute") {
   const detail::Operation operation("distribute");
-  detail::Agreement agreement(mesh.comm());
+  detail::Agreement agreement(mesh.group());
   detail::same_root(agreement, root, mesh.size());
   agreement.settle();
   std::array<index_t, 2> shape{static_cast<index_t>(full.extent(0)),
                                static_cast<index_t>(full.extent(1))};
-  detail::broadcast(shape.data(), 2, root.rank, mesh.comm());
+  mesh.group().bcast(shape.data(), 2, root.rank);
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, shape[0], shape[1], label);
   const detail::Packing packing = detail::pack_shards(
       matrix, [](const auto& coords) { return detail::holds_value<L>(coords); },
@@ -204,10 +217,22 @@ DistMatrix<T, L, ExecSpace, MemSpace> distribute(const Mesh<M>& mesh, const L& l
   // Received in host memory (the shard itself when it is there), then copied to the shard.
   auto host = Kokkos::create_mirror_view(Kokkos::HostSpace(), matrix.local());
   const int count = packing.counts[mesh.my_rank()];
-  detail::scatterv(packed.data(), packing.counts.data(), packing.displs.data(), host.data(), count,
-                   root.rank, mesh.comm());
-  if (count > 0) Kokkos::deep_copy(matrix.local(), host);  // a zero addend keeps its zeros
+  mesh.group().scatterv(packed.data(), packing.counts.data(), packing.displs.data(), host.data(),
+                        count, root.rank);
+  if (count > 0) {  // a zero addend keeps its zeros
+    Kokkos::deep_copy(space, matrix.local(), host);
+    detail::fence(space, "kshard::distribute: the shard is copied (its host source is freed)");
+  }
   return matrix;
+}
+
+/// `distribute(space, mesh, layout, full, root)` on a default instance of `ExecSpace`.
+template <class ExecSpace = Kokkos::DefaultExecutionSpace,
+          class MemSpace = typename ExecSpace::memory_space, class T, std::size_t M, class L>
+DistMatrix<T, L, ExecSpace, MemSpace> distribute(const Mesh<M>& mesh, const L& layout,
+                                                 const HostMatrix<const T>& full, Root root,
+                                                 const std::string& label = "kshard::distribute") {
+  return distribute<ExecSpace, MemSpace>(ExecSpace{}, mesh, layout, full, root, label);
 }
 
 /// Every rank receives the whole matrix (one all-gather over the mesh). Only one replica of
@@ -215,24 +240,30 @@ DistMatrix<T, L, ExecSpace, MemSpace> distribute(const Mesh<M>& mesh, const L& l
 /// reduction. Collective: the ranks first agree that they pass the same matrix (element type,
 /// shape, layout); that, and a whole matrix whose byte count passes INT64_MAX or a message
 /// longer than INT_MAX elements, is the same `kshard::error` on every rank.
-template <class T, class L, class E, class S>
-HostMatrix<T> gather(const DistMatrix<T, L, E, S>& matrix) {
+template <class ExecSpace, class T, class L, class E, class S>
+requires Kokkos::is_execution_space<ExecSpace>::value HostMatrix<T> gather(
+    const ExecSpace& space, const DistMatrix<T, L, E, S>& matrix) {
   static_assert(!L::has_partial,
                 "kshard::gather: a Partial matrix has no values until it is reduced; "
                 "redistribute it to Replicate or Shard first");
   const detail::Operation operation("gather");
   const auto& mesh = matrix.mesh();
-  detail::Agreement agreement(mesh.comm());
+  detail::Agreement agreement(mesh.group());
   detail::gather_checks(agreement, matrix, "every rank");
   agreement.settle();
   const detail::Packing packing = detail::first_copies(matrix);
 
-  // Contiguous host copy of the local shard (fences the device, copies if not host memory).
-  auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
+  const auto local = detail::host_copy(space, matrix.local());
   std::vector<T> received(static_cast<std::size_t>(packing.total));
-  detail::allgatherv(local.data(), packing.counts[mesh.my_rank()], received.data(),
-                     packing.counts.data(), packing.displs.data(), mesh.comm());
+  mesh.group().allgatherv(local.data(), packing.counts[mesh.my_rank()], received.data(),
+                          packing.counts.data(), packing.displs.data());
   return detail::unpack(matrix, packing, received.data());
+}
+
+/// `gather(space, matrix)` on a default instance of the matrix's execution space.
+template <class T, class L, class E, class S>
+HostMatrix<T> gather(const DistMatrix<T, L, E, S>& matrix) {
+  return gather(E{}, matrix);
 }
 
 /// Rank `root` receives the whole matrix (a gather, the inverse of `distribute(..., Root)`);
@@ -242,26 +273,33 @@ HostMatrix<T> gather(const DistMatrix<T, L, E, S>& matrix) {
 /// different between ranks, ranks that pass different matrices (element type, shape, layout),
 /// a whole matrix whose byte count passes INT64_MAX and a message longer than INT_MAX elements
 /// are the same `kshard::error` on every rank.
-template <class T, class L, class E, class S>
-HostMatrix<T> gather(const DistMatrix<T, L, E, S>& matrix, Root root) {
+template <class ExecSpace, class T, class L, class E, class S>
+requires Kokkos::is_execution_space<ExecSpace>::value HostMatrix<T> gather(
+    const ExecSpace& space, const DistMatrix<T, L, E, S>& matrix, Root root) {
   static_assert(!L::has_partial,
                 "kshard::gather: a Partial matrix has no values until it is reduced; "
                 "redistribute it to Replicate or Shard first");
   const detail::Operation operation("gather");
   const auto& mesh = matrix.mesh();
-  detail::Agreement agreement(mesh.comm());
+  detail::Agreement agreement(mesh.group());
   detail::same_root(agreement, root, mesh.size());
   detail::gather_checks(agreement, matrix, fmt::format("the root rank {}", root.rank));
   agreement.settle();
   const detail::Packing packing = detail::first_copies(matrix);
 
   const bool is_root = mesh.my_rank() == root.rank;
-  auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
+  const auto local = detail::host_copy(space, matrix.local());
   std::vector<T> received(is_root ? static_cast<std::size_t>(packing.total) : 0);
-  detail::gatherv(local.data(), packing.counts[mesh.my_rank()], received.data(),
-                  packing.counts.data(), packing.displs.data(), root.rank, mesh.comm());
+  mesh.group().gatherv(local.data(), packing.counts[mesh.my_rank()], received.data(),
+                       packing.counts.data(), packing.displs.data(), root.rank);
   if (!is_root) return HostMatrix<T>();
   return detail::unpack(matrix, packing, received.data());
+}
+
+/// `gather(space, matrix, root)` on a default instance of the matrix's execution space.
+template <class T, class L, class E, class S>
+HostMatrix<T> gather(const DistMatrix<T, L, E, S>& matrix, Root root) {
+  return gather(E{}, matrix, root);
 }
 
 }  // namespace kshard

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (moved here in fmt 11)
 
+#include "kshard/comm/group.hpp"
 #include "kshard/detail/agreement.hpp"
 #include "kshard/detail/mpi.hpp"
 #include "kshard/detail/operation.hpp"
@@ -51,13 +52,14 @@ class Mesh {
     // Duplicate first (collective whatever the arguments): the checks then run on kshard's own
     // communicator, whose MPI errors come back as codes that check_mpi turns into
     // kshard::error, instead of aborting through the caller's error handler.
-    s.comm = detail::Communicator::duplicate(comm);
-    detail::check_mpi(MPI_Comm_set_errhandler(s.comm.get(), MPI_ERRORS_RETURN),
+    auto whole = detail::Communicator::duplicate(comm);
+    detail::check_mpi(MPI_Comm_set_errhandler(whole.get(), MPI_ERRORS_RETURN),
                       "MPI_Comm_set_errhandler");
-    s.comm.set_name("the whole mesh");
-    s.size = detail::comm_size(s.comm.get());
-    s.rank = detail::comm_rank(s.comm.get());
-    agree_on_shape(s.comm.get(), shape, names, s.size);
+    whole.set_name("the whole mesh");
+    s.group = comm::Group(whole);
+    s.size = s.group.size();
+    s.rank = s.group.rank();
+    agree_on_shape(s.group, shape, names, s.size);
     s.coords = coords_of(s.rank);
     for (std::size_t m = 0; m < N; ++m) {
       // Ranks that differ only in coordinate m share a colour: the linear index of the others.
@@ -65,9 +67,10 @@ class Mesh {
       for (std::size_t j = 0; j < N; ++j)
         if (j != m) colour = colour * shape[j] + s.coords[j];
       MPI_Comm sub = MPI_COMM_NULL;
-      detail::check_mpi(MPI_Comm_split(s.comm.get(), colour, s.coords[m], &sub), "MPI_Comm_split");
-      s.dim_comms[m] = detail::Communicator::adopt(sub);
-      s.dim_comms[m].set_name(fmt::format("mesh dimension {} ('{}')", m, names[m]));
+      detail::check_mpi(MPI_Comm_split(whole.get(), colour, s.coords[m], &sub), "MPI_Comm_split");
+      auto dimension = detail::Communicator::adopt(sub);
+      dimension.set_name(fmt::format("mesh dimension {} ('{}')", m, names[m]));
+      s.dim_groups[m] = comm::Group(dimension);
     }
   }
 
@@ -89,9 +92,13 @@ class Mesh {
   /// This process's mesh coordinates.
   [[nodiscard]] const std::array<int, N>& coords() const { return state_->coords; }
   /// The mesh's own communicator (a duplicate of the one given).
-  [[nodiscard]] MPI_Comm comm() const { return state_->comm.get(); }
+  [[nodiscard]] MPI_Comm comm() const { return state_->group.native(); }
   /// The ranks that differ from this one only in coordinate `m`, ranked by that coordinate.
-  [[nodiscard]] MPI_Comm dim_comm(std::size_t m) const { return state_->dim_comms[m].get(); }
+  [[nodiscard]] MPI_Comm dim_comm(std::size_t m) const { return state_->dim_groups[m].native(); }
+  /// The whole mesh as kshard's communication layer sees it (kshard/comm/group.hpp).
+  [[nodiscard]] const comm::Group& group() const { return state_->group; }
+  /// Mesh dimension `m` as kshard's communication layer sees it (the ranks of `dim_comm(m)`).
+  [[nodiscard]] const comm::Group& dim_group(std::size_t m) const { return state_->dim_groups[m]; }
 
   /// Index of the dimension called `name`; throws `kshard::error` when there is none.
   [[nodiscard]] std::size_t dim(std::string_view name) const {
@@ -128,8 +135,8 @@ class Mesh {
     int size = 0;
     int rank = 0;
     std::array<int, N> coords{};
-    detail::Communicator comm;
-    std::array<detail::Communicator, N> dim_comms{};
+    comm::Group group;
+    std::array<comm::Group, N> dim_groups{};
   };
 
   static std::array<std::string, N> default_names() {
@@ -140,9 +147,9 @@ class Mesh {
 
   // One agreement: the mesh rank first (a Mesh<1> on one rank and a Mesh<2> on another meet
   // in the same fixed-size collective), then names and shape, then each rank's own checks.
-  static void agree_on_shape(MPI_Comm comm, const std::array<int, N>& shape,
+  static void agree_on_shape(const comm::Group& group, const std::array<int, N>& shape,
                              const std::array<std::string, N>& names, int size) {
-    detail::Agreement agreement(comm);
+    detail::Agreement agreement(group);
     agreement.same("the mesh rank (number of dimensions)", static_cast<std::int64_t>(N));
     detail::Digest digest;
     for (const std::string& name : names) digest.add(name);

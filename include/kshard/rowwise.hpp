@@ -44,12 +44,12 @@ inline index_t wrap_row(index_t row, index_t rows, const char* who) {
 
 // Sums `values` (one entry per local row) over the mesh dimensions that split columns, so
 // every column shard of a row ends with the full-row value.
-template <class M, class View>
-void sum_over_column_shards(const M& matrix, const View& values) {
+template <class ExecSpace, class M, class View>
+void sum_over_column_shards(const ExecSpace& space, const M& matrix, const View& values) {
   using L = typename M::layout_type;
   for (std::size_t m = 0; m < L::rank; ++m)
     if (L::tensor_dims[m] == 1 && matrix.mesh().extent(m) > 1)
-      allreduce_view(typename M::execution_space(), values, MPI_SUM, matrix.mesh().dim_comm(m));
+      matrix.mesh().dim_group(m).allreduce(space, values, ReduceOp::sum);
 }
 
 }  // namespace detail
@@ -58,9 +58,10 @@ void sum_over_column_shards(const M& matrix, const View& values) {
 /// from the end. No communication: O(local row) work. Returns true where this rank held part
 /// of the row (every replica and every column shard of it), false elsewhere and on empty
 /// shards. An out-of-range row throws the same `kshard::error` on every rank. Asynchronous
-/// on the matrix's execution space, like any Kokkos kernel.
-template <ValuedMatrix M>
-bool zero_row(const M& matrix, index_t row) {
+/// on `space`, like any Kokkos kernel.
+template <class ExecSpace, ValuedMatrix M>
+requires detail::ExecutionSpaceFor<ExecSpace, M>
+bool zero_row(const ExecSpace& space, const M& matrix, index_t row) {
   const index_t global = detail::wrap_row(row, matrix.rows(), "zero_row");
   const index_t local_row = matrix.mapping().rows.to_local(global);
   const index_t cols = matrix.mapping().cols.local_extent();
@@ -69,23 +70,36 @@ bool zero_row(const M& matrix, index_t row) {
   const auto local = matrix.local();
   Kokkos::parallel_for(
       "kshard::zero_row",
-      Kokkos::RangePolicy<typename M::execution_space, Kokkos::IndexType<index_t>>(0, cols),
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, cols),
       KOKKOS_LAMBDA(const index_t j) { local(local_row, j) = T(0.0f); });
   return true;
 }
 
+/// `zero_row(space, matrix, row)` on a default instance of the matrix's execution space.
+template <ValuedMatrix M>
+bool zero_row(const M& matrix, index_t row) {
+  return zero_row(typename M::execution_space{}, matrix, row);
+}
+
 /// Full-row squared L2 norms of the local rows, in local row order: elements are widened to
 /// fp64, squared and summed in fp64 (no finite row of float or bf16 overflows), then summed
-/// over the mesh dimensions that split columns (only those). One pass over the local shard.
-/// Collective over the mesh (every rank calls it).
+/// over the mesh dimensions that split columns (only those). One pass over the local shard,
+/// on `space`. Collective over the mesh (every rank calls it).
+template <class ExecSpace, ValuedMatrix M>
+requires detail::ExecutionSpaceFor<ExecSpace, M> Kokkos::View<double*, typename M::memory_space>
+row_squared_norms(const ExecSpace& space, const M& matrix) {
+  Kokkos::View<double*, typename M::memory_space> norms(
+      Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kshard::row_squared_norms"),
+      matrix.local().extent(0));
+  detail::local_row_squared_norms<ExecSpace>(matrix.local(), norms);
+  detail::sum_over_column_shards(space, matrix, norms);
+  return norms;
+}
+
+/// `row_squared_norms(space, matrix)` on a default instance of the matrix's execution space.
 template <ValuedMatrix M>
 Kokkos::View<double*, typename M::memory_space> row_squared_norms(const M& matrix) {
-  Kokkos::View<double*, typename M::memory_space> norms(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::row_squared_norms"),
-      matrix.local().extent(0));
-  detail::local_row_squared_norms<typename M::execution_space>(matrix.local(), norms);
-  detail::sum_over_column_shards(matrix, norms);
-  return norms;
+  return row_squared_norms(typename M::execution_space{}, matrix);
 }
 
 }  // namespace kshard

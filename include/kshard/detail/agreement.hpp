@@ -21,8 +21,8 @@
 #include <fmt/format.h>
 
 #include "kshard/bfloat16.hpp"
+#include "kshard/comm/group.hpp"
 #include "kshard/comm_stats.hpp"
-#include "kshard/detail/mpi.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/error.hpp"
 #include "kshard/placement.hpp"
@@ -61,8 +61,11 @@ class Agreement {
   static constexpr std::size_t capacity = 30;
 
   // `between` names the ranks in messages ("ranks", "the ranks of a tp group").
+  explicit Agreement(const comm::Group& group, std::string_view between = "ranks")
+      : group_(group), between_(between) {}
+  // TRANSITION: algorithm headers not yet on comm::Group.
   explicit Agreement(MPI_Comm comm, std::string_view between = "ranks")
-      : comm_(comm), between_(between) {}
+      : Agreement(comm::Group(Communicator::borrow(comm)), between) {}
 
   // `value` must be the same on every rank; `what` names it in the error ("the number of rows"),
   // `render` shows a value there (an empty text: the message shows no values).
@@ -87,14 +90,14 @@ class Agreement {
   // found one, else the message of the first difference between ranks, else nothing.
   [[nodiscard]] std::optional<std::string> outcome() const {
     AgreementScope scope;
-    const int size = comm_size(comm_);
-    const int rank = comm_rank(comm_);
+    const int size = group_.size();
+    const int rank = group_.rank();
     std::array<std::int64_t, 2 * capacity + 1> both = slots();
     // MAX of v and of ~v gives max and ~min at once (~ cannot overflow, unlike negation); the
     // last entry is the lowest rank with a problem, as size - rank (0: none).
     for (std::size_t i = 0; i < capacity; ++i) both[capacity + i] = ~both[i];
     both[2 * capacity] = problem_ ? size - rank : 0;
-    allreduce(both.data(), static_cast<int>(both.size()), MPI_MAX, comm_);
+    group_.allreduce(both.data(), static_cast<std::int64_t>(both.size()), ReduceOp::max);
     // A problem a rank found names the argument most precisely (a target on another
     // communicator also has another shape), so it goes first; then the first difference, which
     // every rank sees: rank 0's wording is everyone's.
@@ -149,7 +152,7 @@ class Agreement {
 
   [[nodiscard]] std::string difference(std::size_t slot, std::int64_t max, std::int64_t min) const {
     const std::string who = fmt::format("kshard::{}", operation_name());
-    const int rank = comm_rank(MPI_COMM_WORLD);  // the rank users know
+    const int rank = world_rank();  // the rank users know
     if (slot == 0)
       return fmt::format(
           "{}: the {} are in different kshard operations ({} on rank {}); every rank must call "
@@ -175,13 +178,13 @@ class Agreement {
   // Everyone gets the message of rank `first`.
   [[nodiscard]] std::string from_rank(int first, std::string message) const {
     int length = static_cast<int>(message.size());
-    broadcast(&length, 1, first, comm_);
+    group_.bcast(&length, 1, first);
     message.resize(static_cast<std::size_t>(length));
-    broadcast(message.data(), length, first, comm_);
+    group_.bcast(message.data(), length, first);
     return message;
   }
 
-  MPI_Comm comm_;
+  comm::Group group_;
   std::string_view between_;
   std::vector<Item> values_;
   Digest overflow_;
@@ -191,6 +194,10 @@ class Agreement {
 
 // Every rank learns whether any rank found a problem; all throw the message of the lowest
 // failing rank. Call it before mutating anything.
+inline void agree(const comm::Group& group, std::optional<std::string> local_problem) {
+  Agreement(group).problem(std::move(local_problem)).settle();
+}
+// TRANSITION: algorithm headers not yet on comm::Group.
 inline void agree(MPI_Comm comm, std::optional<std::string> local_problem) {
   Agreement(comm).problem(std::move(local_problem)).settle();
 }

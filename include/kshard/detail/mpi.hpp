@@ -73,6 +73,9 @@ inline int comm_size(MPI_Comm comm) {
   return size;
 }
 
+// The rank users know, for messages.
+inline int world_rank() { return comm_rank(MPI_COMM_WORLD); }
+
 // The collectives kshard uses: checked, and counted in comm_stats() (payload this rank sends).
 // Buffers must be host memory or, with a GPU-aware MPI, fenced device memory.
 inline void count_collective(std::int64_t bytes) {
@@ -197,6 +200,12 @@ class Communicator {
     MPI_Comm copy = MPI_COMM_NULL;
     check_mpi(MPI_Comm_dup(comm, &copy), "MPI_Comm_dup");
     return Communicator(copy);
+  }
+  // Uses a communicator someone else owns and frees (MPI_COMM_WORLD, a caller's).
+  static Communicator borrow(MPI_Comm comm) {
+    Communicator borrowed;
+    borrowed.handle_ = std::make_shared<MPI_Comm>(comm);
+    return borrowed;
   }
   [[nodiscard]] MPI_Comm get() const { return handle_ ? *handle_ : MPI_COMM_NULL; }
   // Names the communicator for MPI's tools and kshard's watchdog messages.

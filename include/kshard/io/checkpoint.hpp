@@ -50,13 +50,13 @@ inline constexpr std::uint64_t max_json_file_size = std::uint64_t{64} << 20;
 
 // Rank 0 reads a small text file, every rank gets its bytes (nullopt when it does not exist).
 // Every rank throws the same error when it cannot be read or is too large.
-inline std::optional<std::string> read_small_file(MPI_Comm comm,
+inline std::optional<std::string> read_small_file(const kshard::comm::Group& group,
                                                   const std::filesystem::path& path) {
   std::optional<std::string> problem;
   std::string text;
   std::int64_t state = 0;  // 0: absent, 1: read
   std::error_code ec;      // rank 0 alone looks: it must not throw
-  if (kshard::detail::comm_rank(comm) == 0 && std::filesystem::exists(path, ec)) {
+  if (group.rank() == 0 && std::filesystem::exists(path, ec)) {
     state = 1;
     problem = attempt([&] {
       const std::uint64_t size = std::filesystem::file_size(path);
@@ -75,12 +75,12 @@ inline std::optional<std::string> read_small_file(MPI_Comm comm,
       if (failed) throw error(*failed);
     });
   }
-  agree(comm, problem);
+  agree(group, problem);
   std::array<std::int64_t, 2> header{state, static_cast<std::int64_t>(text.size())};
-  kshard::detail::broadcast(header.data(), 2, 0, comm);
+  group.bcast(header.data(), 2, 0);
   if (header[0] == 0) return std::nullopt;
   text.resize(static_cast<std::size_t>(header[1]));
-  broadcast_bytes(text.data(), text.size(), comm);
+  broadcast_bytes(text.data(), text.size(), group);
   return text;
 }
 
@@ -147,23 +147,23 @@ class Checkpoint {
   template <std::size_t N>
   Checkpoint(const Mesh<N>& mesh, std::filesystem::path path) : path_(std::move(path)) {
     const kshard::detail::Operation operation("io::Checkpoint");
-    const MPI_Comm comm = mesh.comm();
-    detail::Agreement agreement(comm);
+    const kshard::comm::Group& group = mesh.group();
+    detail::Agreement agreement(group);
     kshard::detail::same_text(agreement, "the checkpoint path", path_.string());
     agreement.settle();
     std::error_code ec;  // rank 0 alone looks: it must not throw
     std::int64_t is_folder = mesh.my_rank() == 0 && std::filesystem::is_directory(path_, ec);
-    kshard::detail::broadcast(&is_folder, 1, 0, comm);
+    group.bcast(&is_folder, 1, 0);
     folder_ = is_folder != 0;
     if (!folder_) {
       files_.emplace_back(mesh, path_);
       for (const auto& tensor : files_[0].header().tensors) file_index_[tensor.name] = 0;
       return;
     }
-    if (auto text = detail::read_small_file(comm, path_ / "config.json"))
+    if (auto text = detail::read_small_file(group, path_ / "config.json"))
       config_ = detail::parse_config(*text, path_ / "config.json");
     const auto index_path = path_ / safetensors_index_name;
-    const auto index = detail::read_small_file(comm, index_path);
+    const auto index = detail::read_small_file(group, index_path);
     if (!index) {
       files_.emplace_back(mesh, path_ / safetensors_single_name);
       for (const auto& tensor : files_[0].header().tensors) file_index_[tensor.name] = 0;

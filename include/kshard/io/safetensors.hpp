@@ -140,12 +140,11 @@ inline HeaderBytes read_header_bytes(const std::string& path) {
 }
 
 // Broadcasts `bytes` from rank 0 in pieces that keep MPI counts below 2^31.
-inline void broadcast_bytes(void* data, std::uint64_t size, MPI_Comm comm) {
+inline void broadcast_bytes(void* data, std::uint64_t size, const kshard::comm::Group& group) {
   constexpr std::uint64_t piece = std::uint64_t{1} << 30;
   auto* bytes = static_cast<char*>(data);
   for (std::uint64_t done = 0; done < size; done += piece)
-    kshard::detail::broadcast(bytes + done, static_cast<int>(std::min(piece, size - done)), 0,
-                              comm);
+    group.bcast(bytes + done, static_cast<int>(std::min(piece, size - done)), 0);
 }
 
 }  // namespace detail
@@ -160,16 +159,16 @@ class SafetensorsFile {
   template <std::size_t N>
   SafetensorsFile(const Mesh<N>& mesh, std::filesystem::path path) : path_(std::move(path)) {
     const kshard::detail::Operation operation("io::SafetensorsFile");
-    const MPI_Comm comm = mesh.comm();
+    const kshard::comm::Group& group = mesh.group();
     detail::HeaderBytes bytes;
     if (mesh.my_rank() == 0) bytes = detail::read_header_bytes(path_.string());
-    detail::Agreement agreement(comm);
+    detail::Agreement agreement(group);
     kshard::detail::same_text(agreement, "the file path", path_.string());
     agreement.problem(bytes.problem).settle();
     std::array<std::uint64_t, 2> sizes{bytes.file_size, bytes.json.size()};
-    kshard::detail::broadcast(sizes.data(), 2, 0, comm);
+    group.bcast(sizes.data(), 2, 0);
     bytes.json.resize(sizes[1]);
-    detail::broadcast_bytes(bytes.json.data(), sizes[1], comm);
+    detail::broadcast_bytes(bytes.json.data(), sizes[1], group);
     try {
       header_ = parse_safetensors_header(bytes.json, sizes[0]);
     } catch (const error& e) {  // the same bytes on every rank: the same message
@@ -220,20 +219,20 @@ std::optional<std::string> matrix_problem(const SafetensorsFile& file, std::stri
 // The ranks that hold the same block (a Replicate mesh dimension's coordinates) as one
 // communicator whose rank 0 holds the first copy; empty when no dimension replicates.
 template <class L, std::size_t N>
-std::optional<kshard::detail::Communicator> replica_group(const Mesh<N>& mesh) {
+std::optional<kshard::comm::Group> replica_group(const Mesh<N>& mesh) {
   std::vector<std::size_t> replicated;
   for (std::size_t m = 0; m < N; ++m)
     if (L::kinds[m] == PlacementKind::replicate) replicated.push_back(m);
   if (replicated.empty()) return std::nullopt;
   if (replicated.size() == 1)  // that dimension's communicator already is the group
-    return kshard::detail::Communicator::duplicate(mesh.dim_comm(replicated[0]));
+    return mesh.dim_group(replicated[0]);
   int color = 0;  // the coordinates on the sharding dimensions, as one number
   for (std::size_t m = 0; m < N; ++m)
     if (L::kinds[m] != PlacementKind::replicate) color = color * mesh.shape()[m] + mesh.coords()[m];
-  MPI_Comm group = MPI_COMM_NULL;
-  kshard::detail::check_mpi(MPI_Comm_split(mesh.comm(), color, mesh.my_rank(), &group),
+  MPI_Comm split = MPI_COMM_NULL;
+  kshard::detail::check_mpi(MPI_Comm_split(mesh.comm(), color, mesh.my_rank(), &split),
                             "MPI_Comm_split");
-  return kshard::detail::Communicator::adopt(group);
+  return kshard::comm::Group(kshard::detail::Communicator::adopt(split));
 }
 
 // Runs `step`; an error it throws becomes this rank's problem for the agreement that follows.
@@ -276,18 +275,21 @@ namespace detail {
 
 // The collective read of `entry` into `matrix`, whose shape and dtype were agreed on: the
 // first copies read their blocks, the replicas receive them by broadcast.
-template <class M>
-void read_shard(const SafetensorsFile& file, const TensorEntry& entry, const M& matrix) {
+template <class ExecSpace, class M>
+void read_shard(const ExecSpace& space, const SafetensorsFile& file, const TensorEntry& entry,
+                const M& matrix) {
   using L = typename M::layout_type;
   const auto& mesh = matrix.mesh();
   auto host = Kokkos::create_mirror_view(matrix.local());
+  // The host may be the shard itself: work `space` queued on it must end before MPI writes it.
+  kshard::detail::fence(space, "kshard::io: before reading into a shard");
   ShardTypes types;
   std::optional<File> handle;
-  agree(mesh.comm(), attempt([&] {
+  agree(mesh.group(), attempt([&] {
           types = transfer_types(matrix);
           handle.emplace(mesh.comm(), file.path().string(), MPI_MODE_RDONLY);
         }));
-  agree(mesh.comm(), attempt([&] {
+  agree(mesh.group(), attempt([&] {
           transfer(*handle, static_cast<MPI_Offset>(file.file_offset(entry)), types, host.data(),
                    [&](void* data, int count, MPI_Datatype type, index_t bytes) {
                      handle->read_all(data, count, type, bytes);
@@ -295,8 +297,11 @@ void read_shard(const SafetensorsFile& file, const TensorEntry& entry, const M& 
           handle->close();
         }));
   if (auto group = replica_group<L>(mesh))
-    broadcast_bytes(host.data(), host.size() * sizeof(typename M::value_type), group->get());
-  if (host.data() != matrix.local().data()) Kokkos::deep_copy(matrix.local(), host);
+    broadcast_bytes(host.data(), host.size() * sizeof(typename M::value_type), *group);
+  if (host.data() != matrix.local().data()) {
+    Kokkos::deep_copy(space, matrix.local(), host);
+    kshard::detail::fence(space, "kshard::io: the shard is read (its host copy is freed)");
+  }
 }
 
 }  // namespace detail
@@ -307,17 +312,17 @@ void read_shard(const SafetensorsFile& file, const TensorEntry& entry, const M& 
 /// receive it by broadcast. Collective over the mesh. Every rank throws the same
 /// `kshard::error`, with nothing allocated, for a missing tensor, a dtype other than T's, a
 /// shape that is not 2-D, layouts, names or element types that differ between ranks, and a
-/// file that is shorter than its header says.
-template <class T, class ExecSpace = Kokkos::DefaultExecutionSpace,
-          class MemSpace = typename ExecSpace::memory_space, std::size_t N, class L>
-DistMatrix<T, L, ExecSpace, MemSpace> read_matrix(const SafetensorsFile& file,
-                                                  std::string_view name, const Mesh<N>& mesh,
-                                                  const L& layout) {
+/// file that is shorter than its header says. Copies to device memory run on `space`.
+template <class T, class ExecSpace, class MemSpace = typename ExecSpace::memory_space,
+          std::size_t N, class L>
+requires Kokkos::is_execution_space<ExecSpace>::value DistMatrix<T, L, ExecSpace, MemSpace>
+read_matrix(const ExecSpace& space, const SafetensorsFile& file, std::string_view name,
+            const Mesh<N>& mesh, const L& layout) {
   static_assert(!L::has_partial,
                 "kshard::io::read_matrix: a Partial layout holds addends, not values; read "
                 "into Replicate or Shard and redistribute");
   const kshard::detail::Operation operation("io::read_matrix");
-  detail::Agreement agreement(mesh.comm());
+  detail::Agreement agreement(mesh.group());
   kshard::detail::same_text(agreement, "the tensor name", std::string(name));
   kshard::detail::same_text(agreement, "the file path", file.path().string());
   agreement.same("the element type", kshard::detail::type_code<T>(), kshard::detail::render_type);
@@ -327,25 +332,44 @@ DistMatrix<T, L, ExecSpace, MemSpace> read_matrix(const SafetensorsFile& file,
   const TensorEntry& entry = *file.header().find(name);
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, entry.shape[0], entry.shape[1],
                                                std::string(name));
-  detail::read_shard(file, entry, matrix);
+  detail::read_shard(space, file, entry, matrix);
   return matrix;
+}
+
+/// `read_matrix(space, file, name, mesh, layout)` on a default instance of `ExecSpace`.
+template <class T, class ExecSpace = Kokkos::DefaultExecutionSpace,
+          class MemSpace = typename ExecSpace::memory_space, std::size_t N, class L>
+DistMatrix<T, L, ExecSpace, MemSpace> read_matrix(const SafetensorsFile& file,
+                                                  std::string_view name, const Mesh<N>& mesh,
+                                                  const L& layout) {
+  return read_matrix<T, ExecSpace, MemSpace>(ExecSpace{}, file, name, mesh, layout);
 }
 
 /// Reads tensor `name` of `file` into the existing `matrix` (a training loop's buffers,
 /// reloaded without allocating), as `read_matrix` reads. Collective over its mesh; every rank
 /// throws the same `kshard::error`, with `matrix` unchanged, for the refusals of `read_matrix`
-/// and a tensor whose shape is not the matrix's.
-template <ValuedMatrix M>
-void read_into(const SafetensorsFile& file, std::string_view name, const M& matrix) {
+/// and a tensor whose shape is not the matrix's. Copies to device memory run on `space`, which
+/// is also fenced before MPI writes into host memory the matrix shares.
+template <class ExecSpace, ValuedMatrix M>
+requires kshard::detail::ExecutionSpaceFor<ExecSpace, M>
+void read_into(const ExecSpace& space, const SafetensorsFile& file, std::string_view name,
+               const M& matrix) {
   using T = typename M::value_type;
   const kshard::detail::Operation operation("io::read_into");
-  detail::Agreement agreement(matrix.mesh().comm());
+  detail::Agreement agreement(matrix.mesh().group());
   kshard::detail::same_text(agreement, "the tensor name", std::string(name));
   kshard::detail::same_text(agreement, "the file path", file.path().string());
   kshard::detail::same_matrix(agreement, matrix, "the matrix");
   agreement.problem(detail::matrix_problem<T>(file, name, matrix.rows(), matrix.cols()));
   agreement.settle();
-  detail::read_shard(file, *file.header().find(name), matrix);
+  detail::read_shard(space, file, *file.header().find(name), matrix);
+}
+
+/// `read_into(space, file, name, matrix)` on a default instance of the matrix's execution
+/// space.
+template <ValuedMatrix M>
+void read_into(const SafetensorsFile& file, std::string_view name, const M& matrix) {
+  read_into(typename M::execution_space{}, file, name, matrix);
 }
 
 namespace detail {
@@ -359,8 +383,9 @@ struct UpdatePart {
 
 // The part of `matrix` this rank writes: its whole shard, or with `rows`, the rows of them it
 // holds, packed in increasing id order.
-template <class M>
-UpdatePart update_part(const M& matrix, const std::optional<std::vector<index_t>>& rows) {
+template <class ExecSpace, class M>
+UpdatePart update_part(const ExecSpace& space, const M& matrix,
+                       const std::optional<std::vector<index_t>>& rows) {
   using T = typename M::value_type;
   UpdatePart part;
   if (!transfers(matrix)) return part;
@@ -379,7 +404,7 @@ UpdatePart update_part(const M& matrix, const std::optional<std::vector<index_t>
     runs = map.rows.runs();
   }
   part.types = shard_types(map, runs, static_cast<int>(sizeof(T)));
-  const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
+  const auto host = kshard::detail::host_copy(space, matrix.local());
   const auto row_bytes = static_cast<std::size_t>(map.cols.local_extent()) * sizeof(T);
   part.bytes.resize(static_cast<std::size_t>(part.types.bytes));
   std::size_t at = 0;
@@ -406,10 +431,13 @@ class TensorUpdate {
   [[nodiscard]] const std::optional<std::vector<index_t>>& rows() const { return row_ids_; }
 
  private:
-  template <ValuedMatrix M>
-  friend TensorUpdate replace(std::string name, const M& matrix);
-  template <ValuedMatrix M>
-  friend TensorUpdate replace_rows(std::string name, const M& matrix, std::vector<index_t> ids);
+  template <class ExecSpace, ValuedMatrix M>
+  requires kshard::detail::ExecutionSpaceFor<ExecSpace, M>
+  friend TensorUpdate replace(const ExecSpace& space, std::string name, const M& matrix);
+  template <class ExecSpace, ValuedMatrix M>
+  requires kshard::detail::ExecutionSpaceFor<ExecSpace, M>
+  friend TensorUpdate replace_rows(const ExecSpace& space, std::string name, const M& matrix,
+                                   std::vector<index_t> ids);
   friend struct detail::UpdateAccess;
 
   std::string name_;
@@ -417,36 +445,52 @@ class TensorUpdate {
   std::int64_t type_code_ = 0;
   index_t rows_ = 0;
   index_t cols_ = 0;
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  kshard::comm::Group group_;
   std::optional<std::vector<index_t>> row_ids_;
   std::function<detail::UpdatePart(const std::optional<std::vector<index_t>>&)> part_;
 };
 
-/// `matrix` as the new value of tensor `name`; its dtype and shape must be the tensor's.
-template <ValuedMatrix M>
-TensorUpdate replace(std::string name, const M& matrix) {
+/// `matrix` as the new value of tensor `name`; its dtype and shape must be the tensor's. The
+/// write copies the matrix to host memory on `space` (fenced there) when it writes.
+template <class ExecSpace, ValuedMatrix M>
+requires kshard::detail::ExecutionSpaceFor<ExecSpace, M> TensorUpdate
+replace(const ExecSpace& space, std::string name, const M& matrix) {
   TensorUpdate update;
   update.name_ = std::move(name);
   update.dtype_ = dtype_of<typename M::value_type>();
   update.type_code_ = kshard::detail::type_code<typename M::value_type>();
   update.rows_ = matrix.rows();
   update.cols_ = matrix.cols();
-  update.comm_ = matrix.mesh().comm();
-  update.part_ = [matrix](const std::optional<std::vector<index_t>>& rows) {
-    return detail::update_part(matrix, rows);
+  update.group_ = matrix.mesh().group();
+  update.part_ = [space, matrix](const std::optional<std::vector<index_t>>& rows) {
+    return detail::update_part(space, matrix, rows);
   };
   return update;
 }
 
+/// `replace(space, name, matrix)` on a default instance of the matrix's execution space.
+template <ValuedMatrix M>
+TensorUpdate replace(std::string name, const M& matrix) {
+  return replace(typename M::execution_space{}, std::move(name), matrix);
+}
+
 /// Rows `ids` (global row ids in [0, rows), any order, repeats ignored) of `matrix` as the new
 /// value of the same rows of tensor `name`; for `write_rows_in_place`.
-template <ValuedMatrix M>
-TensorUpdate replace_rows(std::string name, const M& matrix, std::vector<index_t> ids) {
-  TensorUpdate update = replace(std::move(name), matrix);
+template <class ExecSpace, ValuedMatrix M>
+requires kshard::detail::ExecutionSpaceFor<ExecSpace, M> TensorUpdate
+replace_rows(const ExecSpace& space, std::string name, const M& matrix, std::vector<index_t> ids) {
+  TensorUpdate update = replace(space, std::move(name), matrix);
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   update.row_ids_ = std::move(ids);
   return update;
+}
+
+/// `replace_rows(space, name, matrix, ids)` on a default instance of the matrix's execution
+/// space.
+template <ValuedMatrix M>
+TensorUpdate replace_rows(std::string name, const M& matrix, std::vector<index_t> ids) {
+  return replace_rows(typename M::execution_space{}, std::move(name), matrix, std::move(ids));
 }
 
 namespace detail {
@@ -459,10 +503,10 @@ struct UpdateAccess {
   static Dtype dtype(const TensorUpdate& u) { return u.dtype_; }
   static index_t cols(const TensorUpdate& u) { return u.cols_; }
 
-  // Why `update` cannot replace a tensor of `file` (over `comm`), or nothing.
+  // Why `update` cannot replace a tensor of `file` (over `group`), or nothing.
   static std::optional<std::string> problem(const TensorUpdate& u, const SafetensorsFile& file,
-                                            MPI_Comm comm) {
-    if (!kshard::detail::congruent(u.comm_, comm))
+                                            const kshard::comm::Group& group) {
+    if (!u.group_.same_ranks_as(group))
       return fmt::format(
           "kshard::io: the matrix for tensor {} lives on another mesh than the "
           "one writing the file",
@@ -501,12 +545,13 @@ struct UpdateAccess {
 // The checks every write makes before touching a file: the same updates on every rank, each
 // valid for `file`, none twice. Settled by the caller (with its own checks added).
 inline void check_updates(Agreement& agreement, const SafetensorsFile& file,
-                          const std::vector<TensorUpdate>& updates, MPI_Comm comm) {
+                          const std::vector<TensorUpdate>& updates,
+                          const kshard::comm::Group& group) {
   kshard::detail::same_text(agreement, "the input file", file.path().string());
   agreement.same("the number of tensors to replace", static_cast<std::int64_t>(updates.size()));
   for (const TensorUpdate& u : updates) {
     UpdateAccess::agree_on(agreement, u);
-    agreement.problem(UpdateAccess::problem(u, file, comm));
+    agreement.problem(UpdateAccess::problem(u, file, group));
     if (std::count_if(updates.begin(), updates.end(),
                       [&](const TensorUpdate& v) { return v.name() == u.name(); }) > 1)
       agreement.problem(
@@ -636,21 +681,20 @@ inline void publish(const std::filesystem::path& partial, const std::filesystem:
 
 // Writes the new file under `partial`: kept bytes copied, then the updates written over them
 // (so that a rows update lands on its tensor's copied bytes), synced and closed.
-inline void write_partial(MPI_Comm comm, const SafetensorsFile& source,
+inline void write_partial(const kshard::comm::Group& group, const SafetensorsFile& source,
                           const std::filesystem::path& partial,
                           const std::vector<TensorUpdate>& updates) {
   std::optional<File> in;
   std::optional<File> out;
-  agree(comm, attempt([&] {
-          in.emplace(comm, source.path().string(), MPI_MODE_RDONLY);
-          out.emplace(comm, partial.string(), MPI_MODE_WRONLY | MPI_MODE_CREATE | MPI_MODE_EXCL);
+  agree(group, attempt([&] {
+          in.emplace(group.native(), source.path().string(), MPI_MODE_RDONLY);
+          out.emplace(group.native(), partial.string(),
+                      MPI_MODE_WRONLY | MPI_MODE_CREATE | MPI_MODE_EXCL);
         }));
-  const int rank = kshard::detail::comm_rank(comm);
-  agree(comm, attempt([&] {
-          copy_share(*in, *out, kept_ranges(source, updates), rank,
-                     kshard::detail::comm_size(comm));
-        }));
-  agree(comm, attempt([&] {
+  const int rank = group.rank();
+  agree(group,
+        attempt([&] { copy_share(*in, *out, kept_ranges(source, updates), rank, group.size()); }));
+  agree(group, attempt([&] {
           write_updates(*out, source, updates);
           out->sync();
           out->close();
@@ -675,11 +719,11 @@ void write_safetensors(const Mesh<N>& mesh, const SafetensorsFile& source,
                        const std::filesystem::path& target,
                        const std::vector<TensorUpdate>& updates) {
   const kshard::detail::Operation operation("io::write_safetensors");
-  const MPI_Comm comm = mesh.comm();
+  const kshard::comm::Group& group = mesh.group();
   const std::filesystem::path partial = detail::partial_path(target);
-  detail::Agreement agreement(comm);
+  detail::Agreement agreement(group);
   kshard::detail::same_text(agreement, "the output file", target.string());
-  detail::check_updates(agreement, source, updates, comm);
+  detail::check_updates(agreement, source, updates, group);
   if (mesh.my_rank() == 0) {
     agreement.problem(detail::target_problem(source, target));
     std::error_code ignored;                    // a throw here would leave the other ranks waiting
@@ -687,8 +731,8 @@ void write_safetensors(const Mesh<N>& mesh, const SafetensorsFile& source,
   }
   agreement.settle();
   try {
-    detail::write_partial(comm, source, partial, updates);
-    detail::agree(comm, detail::attempt([&] {
+    detail::write_partial(group, source, partial, updates);
+    detail::agree(group, detail::attempt([&] {
                     if (mesh.my_rank() == 0) detail::publish(partial, target);
                   }));
   } catch (const error&) {
@@ -788,25 +832,26 @@ inline void write_undo(const SafetensorsFile& file, const std::vector<TensorUpda
 }
 
 // Writes the updates' rows into `file` itself, fsyncs, and reads them back.
-inline void write_rows(MPI_Comm comm, const SafetensorsFile& file,
+inline void write_rows(const kshard::comm::Group& group, const SafetensorsFile& file,
                        const std::vector<TensorUpdate>& updates) {
   {
     std::optional<File> out;
-    agree(comm, attempt([&] { out.emplace(comm, file.path().string(), MPI_MODE_WRONLY); }));
-    agree(comm, attempt([&] {
+    agree(group,
+          attempt([&] { out.emplace(group.native(), file.path().string(), MPI_MODE_WRONLY); }));
+    agree(group, attempt([&] {
             write_updates(*out, file, updates);
             out->sync();
             out->close();
           }));
   }
   std::optional<File> in;
-  agree(comm, attempt([&] { in.emplace(comm, file.path().string(), MPI_MODE_RDONLY); }));
+  agree(group, attempt([&] { in.emplace(group.native(), file.path().string(), MPI_MODE_RDONLY); }));
   std::optional<std::string> problem;
   problem = attempt([&] {
     if (auto differs = verify_updates(*in, file, updates)) throw error(*differs);
     in->close();
   });
-  agree(comm, problem);
+  agree(group, problem);
 }
 
 }  // namespace detail
@@ -897,12 +942,12 @@ void undo_in_place(const Mesh<N>& mesh, const std::filesystem::path& undo) {
   const kshard::detail::Operation operation("io::undo_in_place");
   const SafetensorsFile saved(mesh, undo);
   std::string target_path;
-  detail::agree(mesh.comm(), detail::attempt([&] {
+  detail::agree(mesh.group(), detail::attempt([&] {
                   static_cast<void>(detail::undo_field(saved, detail::undo_format));
                   target_path = detail::undo_field(saved, detail::undo_target);
                 }));
   const SafetensorsFile target(mesh, target_path);
-  detail::agree(mesh.comm(), detail::attempt([&] {
+  detail::agree(mesh.group(), detail::attempt([&] {
                   if (mesh.my_rank() != 0) return;
                   detail::restore_rows(saved, target);
                   std::filesystem::remove(undo);
@@ -923,10 +968,10 @@ void write_rows_in_place(const Mesh<N>& mesh, const SafetensorsFile& file,
                          const std::vector<TensorUpdate>& updates,
                          const std::filesystem::path& undo) {
   const kshard::detail::Operation operation("io::write_rows_in_place");
-  const MPI_Comm comm = mesh.comm();
-  detail::Agreement agreement(comm);
+  const kshard::comm::Group& group = mesh.group();
+  detail::Agreement agreement(group);
   kshard::detail::same_text(agreement, "the undo file", undo.string());
-  detail::check_updates(agreement, file, updates, comm);
+  detail::check_updates(agreement, file, updates, group);
   for (const TensorUpdate& u : updates)
     if (!u.rows())
       agreement.problem(
@@ -943,11 +988,11 @@ void write_rows_in_place(const Mesh<N>& mesh, const SafetensorsFile& file,
                       undo.string()));
   }
   agreement.settle();
-  detail::agree(comm, detail::attempt([&] {
+  detail::agree(group, detail::attempt([&] {
                   if (mesh.my_rank() == 0) detail::write_undo(file, updates, undo);
                 }));
   try {
-    detail::write_rows(comm, file, updates);
+    detail::write_rows(group, file, updates);
   } catch (const error& e) {
     undo_in_place(mesh, undo);
     throw error(fmt::format("{} (the rows were restored from '{}')", e.what(), undo.string()));

@@ -1,0 +1,210 @@
+#pragma once
+
+// kshard's communication layer: a `comm::Group` is the set of ranks a collective runs over (the
+// whole mesh, or one mesh dimension), and its member functions are the only collectives the
+// algorithms call. Each one
+//   - takes the execution-space instance that produced its buffers first, and hands them to the
+//     backend only after that instance is fenced (the MPI backend; a stream-ordered backend
+//     such as NCCL would enqueue on the instance's stream instead),
+//   - refuses counts an MPI int cannot hold, naming the operation,
+//   - counts its payload in comm_stats(),
+//   - opens a Kokkos Tools region "kshard::<operation>::<collective>".
+// The backend (comm/mpi.hpp) is the only other place that names MPI, besides Mesh construction
+// and the MPI-IO of kshard::io. docs/design.md, section 11, says what a second backend changes.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "kshard/detail/mpi.hpp"
+#include "kshard/detail/operation.hpp"
+#include "kshard/detail/staging.hpp"
+#include "kshard/placement.hpp"
+
+namespace kshard::comm {
+
+// A Kokkos Tools profiling region around one collective, named after the running kshard
+// operation; free when no tool is loaded.
+class Region {
+ public:
+  explicit Region(const char* collective) : open_(Kokkos::Profiling::profileLibraryLoaded()) {
+    if (open_)
+      Kokkos::Profiling::pushRegion(
+          fmt::format("kshard::{}::{}", detail::operation_name(), collective));
+  }
+  ~Region() {
+    if (open_) Kokkos::Profiling::popRegion();
+  }
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+
+ private:
+  bool open_;
+};
+
+// The MPI reduction for a kshard reduction. `avg` reduces as a sum: the callers divide by the
+// number of addends, which only they know (a Partial may average over several dimensions).
+inline MPI_Op native_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
+    case ReduceOp::sum:
+    case ReduceOp::avg:
+      break;
+  }
+  return MPI_SUM;
+}
+
+/// The ranks a collective runs over: copies share one communicator, freed with the last copy.
+class Group {
+ public:
+  Group() = default;
+  explicit Group(detail::Communicator comm) : comm_(std::move(comm)) {}
+
+  /// This rank's position in the group.
+  [[nodiscard]] int rank() const { return detail::comm_rank(comm_.get()); }
+  /// Number of ranks in the group.
+  [[nodiscard]] int size() const { return detail::comm_size(comm_.get()); }
+  /// The backend's handle (an MPI communicator), for MPI-IO and for users' own MPI calls.
+  [[nodiscard]] MPI_Comm native() const { return comm_.get(); }
+  /// True when both groups hold the same ranks in the same order (local, no communication).
+  [[nodiscard]] bool same_ranks_as(const Group& other) const {
+    return detail::congruent(native(), other.native());
+  }
+
+  // ----- Host values: metadata and small results, never device memory -----
+
+  /// In-place reduction of `count` host values.
+  template <class T>
+  void allreduce(T* values, std::int64_t count, ReduceOp op) const {
+    const Region region("allreduce");
+    detail::allreduce(values, detail::mpi_count(count, detail::operation_name()), native_op(op),
+                      native());
+  }
+  /// Rank `root`'s `count` host values, everywhere.
+  template <class T>
+  void bcast(T* values, std::int64_t count, int root) const {
+    const Region region("bcast");
+    detail::broadcast(values, detail::mpi_count(count, detail::operation_name()), root, native());
+  }
+  /// Every rank's `count` host values, in rank order.
+  template <class T>
+  void allgather(const T* send, std::int64_t count, T* recv) const {
+    const Region region("allgather");
+    detail::allgather(send, detail::mpi_count(count, detail::operation_name()), recv, native());
+  }
+
+  /// Rank r's `count` host values land at `displs[r]` of `recv`, `counts[r]` elements.
+  template <class T>
+  void allgatherv(const T* send, std::int64_t count, T* recv, const int* counts,
+                  const int* displs) const {
+    const Region region("allgatherv");
+    detail::allgatherv(send, detail::mpi_count(count, detail::operation_name()), recv, counts,
+                       displs, native());
+  }
+  /// Rank `root` receives every rank's `count` host values, rank r's `counts[r]` at
+  /// `displs[r]` of `recv` (`recv`, `counts` and `displs` are read on the root only).
+  template <class T>
+  void gatherv(const T* send, std::int64_t count, T* recv, const int* counts, const int* displs,
+               int root) const {
+    const Region region("gatherv");
+    detail::gatherv(send, detail::mpi_count(count, detail::operation_name()), recv, counts, displs,
+                    root, native());
+  }
+  /// Rank `root` sends `counts[r]` host values at `displs[r]` of `send` to each rank r, which
+  /// receives its `count` in `recv`.
+  template <class T>
+  void scatterv(const T* send, const int* counts, const int* displs, T* recv, std::int64_t count,
+                int root) const {
+    const Region region("scatterv");
+    detail::scatterv(send, counts, displs, recv, detail::mpi_count(count, detail::operation_name()),
+                     root, native());
+  }
+
+  // ----- Views written by `space`: contiguous, staged through the host when MPI cannot read
+  // their memory -----
+
+  /// In-place reduction of `view` over the group.
+  template <class ExecSpace, class View>
+  requires Kokkos::is_execution_space<ExecSpace>::value void allreduce(const ExecSpace& space,
+                                                                       const View& view,
+                                                                       ReduceOp op) const {
+    const Region region("allreduce");
+    const int count =
+        detail::mpi_count(static_cast<std::int64_t>(view.size()), detail::operation_name());
+    detail::with_mpi_access(space, view, true, true, [&](auto* data) {
+      detail::allreduce(data, count, native_op(op), native());
+    });
+  }
+
+  /// Rank `root`'s `view`, everywhere.
+  template <class ExecSpace, class View>
+  requires Kokkos::is_execution_space<ExecSpace>::value void bcast(const ExecSpace& space,
+                                                                   const View& view,
+                                                                   int root) const {
+    const Region region("bcast");
+    const int count =
+        detail::mpi_count(static_cast<std::int64_t>(view.size()), detail::operation_name());
+    const bool is_root = rank() == root;
+    detail::with_mpi_access(space, view, is_root, !is_root,
+                            [&](auto* data) { detail::broadcast(data, count, root, native()); });
+  }
+
+  /// Rank r's `send` lands at `displs[r]` of `recv`, `counts[r]` elements (host arrays).
+  template <class ExecSpace, class Send, class Recv>
+  requires Kokkos::is_execution_space<ExecSpace>::value void allgatherv(const ExecSpace& space,
+                                                                        const Send& send,
+                                                                        const Recv& recv,
+                                                                        const int* counts,
+                                                                        const int* displs) const {
+    const Region region("allgatherv");
+    const int count =
+        detail::mpi_count(static_cast<std::int64_t>(send.size()), detail::operation_name());
+    detail::with_mpi_access(space, send, true, false, [&](const auto* s) {
+      detail::with_mpi_access(space, recv, false, true, [&](auto* r) {
+        detail::allgatherv(s, count, r, counts, displs, native());
+      });
+    });
+  }
+
+  /// Personalised all-to-all: `send_counts[r]` elements at `send_displs[r]` of `send` go to
+  /// rank r, which receives them at `recv_displs[me]` of its `recv` (host arrays).
+  template <class ExecSpace, class Send, class Recv>
+  requires Kokkos::is_execution_space<ExecSpace>::value void alltoallv(
+      const ExecSpace& space, const Send& send, const int* send_counts, const int* send_displs,
+      const Recv& recv, const int* recv_counts, const int* recv_displs) const {
+    const Region region("alltoallv");
+    detail::with_mpi_access(space, send, true, false, [&](const auto* s) {
+      detail::with_mpi_access(space, recv, false, true, [&](auto* r) {
+        detail::alltoallv(s, send_counts, send_displs, r, recv_counts, recv_displs, native());
+      });
+    });
+  }
+
+  /// Reduction of `send` (every rank's block in rank order, `recv_counts[r]` elements for rank
+  /// r) whose block for this rank lands in `recv`.
+  template <class ExecSpace, class Send, class Recv>
+  requires Kokkos::is_execution_space<ExecSpace>::value void reduce_scatter(const ExecSpace& space,
+                                                                            const Send& send,
+                                                                            const Recv& recv,
+                                                                            const int* recv_counts,
+                                                                            ReduceOp op) const {
+    const Region region("reduce_scatter");
+    detail::with_mpi_access(space, send, true, false, [&](const auto* s) {
+      detail::with_mpi_access(space, recv, false, true, [&](auto* r) {
+        detail::reduce_scatter(s, r, recv_counts, native_op(op), native());
+      });
+    });
+  }
+
+ private:
+  detail::Communicator comm_;
+};
+
+}  // namespace kshard::comm
