@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "kshard/bfloat16.hpp"
+#include "kshard/detail/operation.hpp"
 #include "kshard/detail/row_norms.hpp"
 #include "kshard/detail/staging.hpp"
 #include "kshard/dist_matrix.hpp"
@@ -88,6 +89,7 @@ bool zero_row(const M& matrix, index_t row) {
 template <class ExecSpace, ValuedMatrix M>
 requires detail::ExecutionSpaceFor<ExecSpace, M> Kokkos::View<double*, typename M::memory_space>
 row_squared_norms(const ExecSpace& space, const M& matrix) {
+  const detail::Operation operation("row_squared_norms");
   Kokkos::View<double*, typename M::memory_space> norms(
       Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kshard::row_squared_norms"),
       matrix.local().extent(0));

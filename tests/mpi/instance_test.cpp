@@ -1,0 +1,149 @@
+// The execution-space instance overloads and the communication layer's Kokkos Tools regions:
+// results on a non-default instance equal the default forms', no operation fences globally
+// (where Kokkos reports fences to tools), and every collective opens a region named after the
+// kshard operation.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kshard/distribute.hpp"
+#include "kshard/rowwise.hpp"
+#include "kshard_test.hpp"
+
+namespace {
+
+using kshard::index_t;
+using kshard::Layout;
+using kshard::test::all_ranks;
+using kshard::test::ExecSpace;
+using kshard::test::MemSpace;
+using kshard::test::reference_matrix;
+using kshard::test::world_size;
+
+// An instance other than the default where Kokkos can make one (partition_space, Kokkos 4),
+// else a default-constructed one: the overloads must give the same results either way.
+ExecSpace other_instance() {
+#if KOKKOS_VERSION >= 40000
+  return Kokkos::Experimental::partition_space(ExecSpace(), 1, 1)[1];
+#else
+  return ExecSpace();
+#endif
+}
+
+// The names of the Kokkos Tools regions pushed while it lives.
+class RegionLog {
+ public:
+  RegionLog() {
+    names().clear();
+    Kokkos::Tools::Experimental::set_push_region_callback(
+        [](const char* name) { names().emplace_back(name); });
+  }
+  ~RegionLog() { Kokkos::Tools::Experimental::set_push_region_callback(nullptr); }
+  RegionLog(const RegionLog&) = delete;
+  RegionLog& operator=(const RegionLog&) = delete;
+  [[nodiscard]] bool saw(const std::string& name) const {
+    return std::find(names().begin(), names().end(), name) != names().end();
+  }
+  [[nodiscard]] std::size_t count_prefix(const std::string& prefix) const {
+    return static_cast<std::size_t>(std::count_if(
+        names().begin(), names().end(), [&](const auto& n) { return n.rfind(prefix, 0) == 0; }));
+  }
+
+ private:
+  static std::vector<std::string>& names() {
+    static std::vector<std::string> log;
+    return log;
+  }
+};
+
+TEST(Instance, RowwiseAndGatherMatchTheDefaultForms) {
+  const kshard::Mesh<2> mesh = kshard::test::dp_tp_mesh();
+  const auto full = reference_matrix<float>(13, 7, 71);
+  const Layout<kshard::Shard<0>, kshard::Shard<1>> layout;
+  const auto space = other_instance();
+  auto a =
+      kshard::distribute<ExecSpace, MemSpace>(mesh, layout, kshard::HostMatrix<const float>(full));
+  auto b = kshard::distribute<ExecSpace, MemSpace>(space, mesh, layout,
+                                                   kshard::HostMatrix<const float>(full));
+  kshard::zero_row(a, 5);
+  kshard::zero_row(space, b, 5);
+  const auto norms_a =
+      Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kshard::row_squared_norms(a));
+  const auto norms_b =
+      Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kshard::row_squared_norms(space, b));
+  bool ok = norms_a.extent(0) == norms_b.extent(0);
+  for (std::size_t i = 0; ok && i < norms_a.extent(0); ++i) ok = norms_a(i) == norms_b(i);
+  const auto whole_a = kshard::gather(a);
+  const auto whole_b = kshard::gather(space, b);
+  const auto root_b = kshard::gather(space, b, kshard::Root{world_size() - 1});
+  for (index_t r = 0; r < 13; ++r)
+    for (index_t c = 0; c < 7; ++c) {
+      ok = ok && whole_a(r, c) == (r == 5 ? 0.0f : full(r, c)) && whole_b(r, c) == whole_a(r, c);
+      if (kshard::test::world_rank() == world_size() - 1) ok = ok && root_b(r, c) == whole_a(r, c);
+    }
+  auto scattered = kshard::distribute<ExecSpace, MemSpace>(
+      space, mesh, layout, kshard::HostMatrix<const float>(full), kshard::Root{0});
+  const auto whole_s = kshard::gather(space, scattered);
+  for (index_t r = 0; r < 13; ++r)
+    for (index_t c = 0; c < 7; ++c) ok = ok && whole_s(r, c) == full(r, c);
+  EXPECT_TRUE(all_ranks(ok));
+}
+
+TEST(Tools, EveryCollectiveOpensARegionNamedAfterTheOperation) {
+  const kshard::Mesh<2> mesh = kshard::test::dp_tp_mesh();
+  const auto full = reference_matrix<double>(9, 6, 72);
+  auto matrix = kshard::distribute<ExecSpace, MemSpace>(
+      mesh, Layout<kshard::Shard<0>, kshard::Shard<1>>(), kshard::HostMatrix<const double>(full));
+  const RegionLog log;
+  (void)kshard::row_squared_norms(matrix);
+  (void)kshard::gather(matrix);
+  (void)kshard::gather(matrix, kshard::Root{0});
+  bool ok = log.saw("kshard::gather::allgatherv") && log.saw("kshard::gather::gatherv") &&
+            log.saw("kshard::gather::allreduce");  // the agreement
+  // The norms reduce over the column shards only where there are several.
+  ok = ok && log.saw("kshard::row_squared_norms::allreduce") == (mesh.extent(1) > 1);
+  EXPECT_TRUE(all_ranks(ok));
+}
+
+#if KOKKOS_VERSION >= 30700
+// Kokkos reports fences to tools with the instance they wait for; a global fence (every
+// instance of the device) has instance id 0.
+class GlobalFenceCount {
+ public:
+  GlobalFenceCount() {
+    count() = 0;
+    Kokkos::Tools::Experimental::set_begin_fence_callback(
+        [](const char*, std::uint32_t device, std::uint64_t* handle) {
+          *handle = 0;
+          if (Kokkos::Tools::Experimental::identifier_from_devid(device).instance_id == 0)
+            ++count();
+        });
+  }
+  ~GlobalFenceCount() { Kokkos::Tools::Experimental::set_begin_fence_callback(nullptr); }
+  GlobalFenceCount(const GlobalFenceCount&) = delete;
+  GlobalFenceCount& operator=(const GlobalFenceCount&) = delete;
+  static int& count() {
+    static int n = 0;
+    return n;
+  }
+};
+
+TEST(Instance, RowNormsFenceNothingGlobally) {
+  const kshard::Mesh<2> mesh = kshard::test::dp_tp_mesh();
+  const auto full = reference_matrix<float>(11, 8, 73);
+  const auto space = other_instance();
+  auto matrix = kshard::distribute<ExecSpace, MemSpace>(
+      space, mesh, Layout<kshard::Replicate, kshard::Shard<1>>(),
+      kshard::HostMatrix<const float>(full));
+  const GlobalFenceCount fences;
+  kshard::zero_row(space, matrix, 3);
+  (void)kshard::row_squared_norms(space, matrix);
+  EXPECT_TRUE(all_ranks(GlobalFenceCount::count() == 0)) << GlobalFenceCount::count();
+}
+#endif
+
+}  // namespace
