@@ -9,8 +9,9 @@
 //   - refuses counts an MPI int cannot hold, naming the operation,
 //   - counts its payload in comm_stats(),
 //   - opens a Kokkos Tools region "kshard::<operation>::<collective>".
-// The backend (comm/mpi.hpp) is the only other place that names MPI, besides Mesh construction
-// and the MPI-IO of kshard::io. docs/design.md, section 11, says what a second backend changes.
+// The backend (comm/mpi_backend.hpp over detail/mpi.hpp) is the only other place that names
+// MPI, besides Mesh construction and the MPI-IO of kshard::io. docs/design.md, section 11,
+// says what a second backend (NCCL) changes.
 
 #include <Kokkos_Core.hpp>
 
@@ -22,8 +23,18 @@
 
 #include "kshard/detail/mpi.hpp"
 #include "kshard/detail/operation.hpp"
-#include "kshard/detail/staging.hpp"
 #include "kshard/placement.hpp"
+
+// The backend of the data collectives, one header chosen at configure time: it defines
+// `kshard::comm::Backend` (docs/design.md, section 11).
+#if defined(KSHARD_COMM_BACKEND_HEADER)
+#include KSHARD_COMM_BACKEND_HEADER
+#else
+#include "kshard/comm/mpi_backend.hpp"
+namespace kshard::comm {
+using Backend = MpiBackend;
+}  // namespace kshard::comm
+#endif
 
 namespace kshard::comm {
 
@@ -46,26 +57,12 @@ class Region {
   bool open_;
 };
 
-// The MPI reduction for a kshard reduction. `avg` reduces as a sum: the callers divide by the
-// number of addends, which only they know (a Partial may average over several dimensions).
-inline MPI_Op native_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::max:
-      return MPI_MAX;
-    case ReduceOp::min:
-      return MPI_MIN;
-    case ReduceOp::sum:
-    case ReduceOp::avg:
-      break;
-  }
-  return MPI_SUM;
-}
-
 /// The ranks a collective runs over: copies share one communicator, freed with the last copy.
 class Group {
  public:
   Group() = default;
-  explicit Group(detail::Communicator comm) : comm_(std::move(comm)) {}
+  explicit Group(detail::Communicator comm)
+      : comm_(std::move(comm)), data_(Backend::make_handle(comm_.get())) {}
 
   /// This rank's position in the group.
   [[nodiscard]] int rank() const { return detail::comm_rank(comm_.get()); }
@@ -127,8 +124,8 @@ class Group {
                      root, native());
   }
 
-  // ----- Views written by `space`: contiguous, staged through the host when MPI cannot read
-  // their memory -----
+  // ----- Views written by `space`: contiguous; the backend orders the collective after the
+  // work `space` queued (the MPI backend fences it) -----
 
   /// In-place reduction of `view` over the group.
   template <class ExecSpace, class View>
@@ -136,11 +133,7 @@ class Group {
                                                                        const View& view,
                                                                        ReduceOp op) const {
     const Region region("allreduce");
-    const int count =
-        detail::mpi_count(static_cast<std::int64_t>(view.size()), detail::operation_name());
-    detail::with_mpi_access(space, view, true, true, [&](auto* data) {
-      detail::allreduce(data, count, native_op(op), native());
-    });
+    Backend::allreduce(data_, space, view, op);
   }
 
   /// Rank `root`'s `view`, everywhere.
@@ -149,11 +142,7 @@ class Group {
                                                                    const View& view,
                                                                    int root) const {
     const Region region("bcast");
-    const int count =
-        detail::mpi_count(static_cast<std::int64_t>(view.size()), detail::operation_name());
-    const bool is_root = rank() == root;
-    detail::with_mpi_access(space, view, is_root, !is_root,
-                            [&](auto* data) { detail::broadcast(data, count, root, native()); });
+    Backend::bcast(data_, space, view, root);
   }
 
   /// Rank r's `send` lands at `displs[r]` of `recv`, `counts[r]` elements (host arrays).
@@ -164,13 +153,7 @@ class Group {
                                                                         const int* counts,
                                                                         const int* displs) const {
     const Region region("allgatherv");
-    const int count =
-        detail::mpi_count(static_cast<std::int64_t>(send.size()), detail::operation_name());
-    detail::with_mpi_access(space, send, true, false, [&](const auto* s) {
-      detail::with_mpi_access(space, recv, false, true, [&](auto* r) {
-        detail::allgatherv(s, count, r, counts, displs, native());
-      });
-    });
+    Backend::allgatherv(data_, space, send, recv, counts, displs);
   }
 
   /// Personalised all-to-all: `send_counts[r]` elements at `send_displs[r]` of `send` go to
@@ -180,11 +163,8 @@ class Group {
       const ExecSpace& space, const Send& send, const int* send_counts, const int* send_displs,
       const Recv& recv, const int* recv_counts, const int* recv_displs) const {
     const Region region("alltoallv");
-    detail::with_mpi_access(space, send, true, false, [&](const auto* s) {
-      detail::with_mpi_access(space, recv, false, true, [&](auto* r) {
-        detail::alltoallv(s, send_counts, send_displs, r, recv_counts, recv_displs, native());
-      });
-    });
+    Backend::alltoallv(data_, space, send, send_counts, send_displs, recv, recv_counts,
+                       recv_displs);
   }
 
   /// Reduction of `send` (every rank's block in rank order, `recv_counts[r]` elements for rank
@@ -196,15 +176,12 @@ class Group {
                                                                             const int* recv_counts,
                                                                             ReduceOp op) const {
     const Region region("reduce_scatter");
-    detail::with_mpi_access(space, send, true, false, [&](const auto* s) {
-      detail::with_mpi_access(space, recv, false, true, [&](auto* r) {
-        detail::reduce_scatter(s, r, recv_counts, native_op(op), native());
-      });
-    });
+    Backend::reduce_scatter(data_, space, send, recv, recv_counts, op);
   }
 
  private:
-  detail::Communicator comm_;
+  detail::Communicator comm_;  // host values, agreement, the group's ranks
+  Backend::Handle data_{};     // the data collectives
 };
 
 }  // namespace kshard::comm

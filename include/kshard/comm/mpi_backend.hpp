@@ -1,0 +1,96 @@
+#pragma once
+
+// The MPI backend of kshard's communication layer: the data collectives of comm::Group on
+// Kokkos views. MPI is ordered with the host, not with a stream, so each collective first
+// fences the instance that wrote its buffers (that instance only), and goes through a host
+// copy when MPI cannot read the views' memory (detail/staging.hpp). A backend is one struct
+// with these static functions and a `Handle` made from the group's MPI communicator; CMake's
+// KSHARD_COMM_BACKEND picks the header (docs/design.md, section 11).
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+
+#include "kshard/detail/mpi.hpp"
+#include "kshard/detail/operation.hpp"
+#include "kshard/detail/staging.hpp"
+#include "kshard/placement.hpp"
+
+namespace kshard::comm {
+
+// The MPI reduction for a kshard reduction. `avg` reduces as a sum: the callers divide by the
+// number of addends, which only they know (a Partial may average over several dimensions).
+inline MPI_Op native_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
+    case ReduceOp::sum:
+    case ReduceOp::avg:
+      break;
+  }
+  return MPI_SUM;
+}
+
+struct MpiBackend {
+  /// What the backend keeps per group: here the group's own communicator.
+  using Handle = MPI_Comm;
+  static Handle make_handle(MPI_Comm comm) { return comm; }
+
+  template <class ExecSpace, class View>
+  static void allreduce(Handle comm, const ExecSpace& space, const View& view, ReduceOp op) {
+    const int count = element_count(view);
+    detail::with_mpi_access(space, view, true, true, [&](auto* data) {
+      detail::allreduce(data, count, native_op(op), comm);
+    });
+  }
+
+  template <class ExecSpace, class View>
+  static void bcast(Handle comm, const ExecSpace& space, const View& view, int root) {
+    const int count = element_count(view);
+    const bool is_root = detail::comm_rank(comm) == root;
+    detail::with_mpi_access(space, view, is_root, !is_root,
+                            [&](auto* data) { detail::broadcast(data, count, root, comm); });
+  }
+
+  template <class ExecSpace, class Send, class Recv>
+  static void allgatherv(Handle comm, const ExecSpace& space, const Send& send, const Recv& recv,
+                         const int* counts, const int* displs) {
+    const int count = element_count(send);
+    detail::with_mpi_access(space, send, true, false, [&](const auto* s) {
+      detail::with_mpi_access(space, recv, false, true, [&](auto* r) {
+        detail::allgatherv(s, count, r, counts, displs, comm);
+      });
+    });
+  }
+
+  template <class ExecSpace, class Send, class Recv>
+  static void alltoallv(Handle comm, const ExecSpace& space, const Send& send,
+                        const int* send_counts, const int* send_displs, const Recv& recv,
+                        const int* recv_counts, const int* recv_displs) {
+    detail::with_mpi_access(space, send, true, false, [&](const auto* s) {
+      detail::with_mpi_access(space, recv, false, true, [&](auto* r) {
+        detail::alltoallv(s, send_counts, send_displs, r, recv_counts, recv_displs, comm);
+      });
+    });
+  }
+
+  template <class ExecSpace, class Send, class Recv>
+  static void reduce_scatter(Handle comm, const ExecSpace& space, const Send& send,
+                             const Recv& recv, const int* recv_counts, ReduceOp op) {
+    detail::with_mpi_access(space, send, true, false, [&](const auto* s) {
+      detail::with_mpi_access(space, recv, false, true, [&](auto* r) {
+        detail::reduce_scatter(s, r, recv_counts, native_op(op), comm);
+      });
+    });
+  }
+
+ private:
+  template <class View>
+  static int element_count(const View& view) {
+    return detail::mpi_count(static_cast<std::int64_t>(view.size()), detail::operation_name());
+  }
+};
+
+}  // namespace kshard::comm
