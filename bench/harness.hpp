@@ -1,7 +1,7 @@
 #pragma once
 
-// A small MPI-aware benchmark harness: warm-up, repetitions with a barrier before each, the
-// slowest rank's time per repetition, the median over repetitions. Results are JSON records
+// A small MPI-aware benchmark harness: warm-up, repetitions timed barrier to barrier (all
+// ranks together), the median over repetitions. Results are JSON records
 // that scripts/bench collects and renders into docs/performance.md.
 
 #include <mpi.h>
@@ -49,16 +49,29 @@ inline Options parse(int argc, char** argv) {
   return options;
 }
 
-// The slowest rank's time for one run of `run` (seconds), after a barrier.
+// The time of one run of `run` on all ranks of `comm` together (seconds): from a barrier that
+// no rank passes before all are ready to a barrier that none passes before all have finished,
+// the longest such span over the ranks. (Each rank's own time, even the slowest's, is less
+// when ranks share cores: a rank that waits for a core before it starts does not count the
+// wait, so rates summed over ranks exceed what the machine can do.) Aggregate rates are total
+// bytes over this time (total_bytes below), never a sum of per-rank rates.
 template <class Run>
 double time_once(MPI_Comm comm, Run&& run) {
   MPI_Barrier(comm);
   const auto start = std::chrono::steady_clock::now();
   run();
+  MPI_Barrier(comm);
   double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   double slowest = 0;
   MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
   return slowest;
+}
+
+// The sum of `local` over the ranks of `comm` (e.g. the bytes each rank reads; collective).
+inline double total_bytes(MPI_Comm comm, double local) {
+  double total = 0;
+  MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, comm);
+  return total;
 }
 
 inline double median(std::vector<double> values) {
@@ -67,8 +80,8 @@ inline double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-// Median over repetitions of the slowest rank's time for `run` (seconds); `setup` runs before
-// each repetition, untimed. Both must leave no work pending (fence inside them).
+// Median over repetitions of the time of `run` on all ranks (time_once, seconds); `setup` runs
+// before each repetition, untimed. Both must leave no work pending (fence inside them).
 template <class Setup, class Run>
 double time_collective(MPI_Comm comm, int repetitions, Setup&& setup, Run&& run) {
   setup();

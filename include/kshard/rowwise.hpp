@@ -93,7 +93,7 @@ row_squared_norms(const ExecSpace& space, const M& matrix) {
   Kokkos::View<double*, typename M::memory_space> norms(
       Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kshard::row_squared_norms"),
       matrix.local().extent(0));
-  detail::local_row_squared_norms<ExecSpace>(matrix.local(), norms);
+  detail::local_row_squared_norms(space, matrix.local(), norms);
   detail::sum_over_column_shards(space, matrix, norms);
   return norms;
 }

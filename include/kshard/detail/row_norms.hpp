@@ -5,8 +5,20 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <type_traits>
+
 #include "kshard/bfloat16.hpp"
 #include "kshard/index.hpp"
+
+// The bf16 host kernel uses x86 vector intrinsics where the compiler targets them (host code
+// only: never in a CUDA/HIP/SYCL compilation, where the portable loop below is used instead).
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(__AVX2__) && !defined(__CUDACC__) && \
+    !defined(__HIPCC__) && !defined(__SYCL_DEVICE_ONLY__)
+#include <immintrin.h>
+#define KSHARD_ROW_NORMS_X86_AVX2 1
+#else
+#define KSHARD_ROW_NORMS_X86_AVX2 0
+#endif
 
 namespace kshard::detail {
 
@@ -24,44 +36,177 @@ KOKKOS_INLINE_FUNCTION double squared(T x) {
   return v * v;
 }
 
-// Host execution spaces get a loop with eight independent accumulators per row (the latency
-// of one fp64 add chain caps a single-accumulator loop at a quarter of memory bandwidth, and
-// eight let the compiler vectorise the bf16 widening too); device spaces get a team per row.
+// Host execution spaces get a loop with independent accumulators per row (the latency of one
+// fp64 add chain caps a single-accumulator loop at a quarter of memory bandwidth); device spaces
+// get a team per row.
 template <class ExecSpace>
 inline constexpr bool is_host_space_v =
     Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
 
-// Squared norms of the local parts of the local rows (no communication).
+// bf16 rows on the host. A bf16 element is read as the two bytes it is stored in, widened
+// exactly to float by moving them into the top half of 32 bits, converted exactly to double and
+// squared in double, as `squared` does (a bf16 square has at most 16 significant bits and lies
+// between 2^-266 and 2^256, so it is exact in double; in float it would overflow above 2^64
+// and lose bits below 2^-63, which is why the square is not taken in float). The sum runs over
+// 32 fp64 accumulators, element j of the row going to accumulator j % 32, summed at the end in
+// one fixed order: every path below (AVX-512, AVX2, portable) computes the same additions in
+// the same order, so they give bit-identical norms. Eight fp32-style accumulators were
+// conversion-bound at 0.38x of the fp32 kernel's bytes per second: a bf16 element is half the
+// bytes, so twice the elements per second must be widened, squared and added.
+inline constexpr int bf16_lanes = 32;
+
+// The fixed final order: halves, then quarters, ..., then the remainder-free total.
+KOKKOS_INLINE_FUNCTION double sum_bf16_lanes(double (&a)[bf16_lanes]) {
+  for (int w = bf16_lanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) a[k] += a[k + w];
+  return a[0];
+}
+
+// The portable form of the bf16 row kernel (device passes, non-x86 hosts, x86 without AVX2).
+template <class T>
+KOKKOS_INLINE_FUNCTION double bf16_row_squared_norm_portable(const T* row, index_t cols) {
+  double a[bf16_lanes] = {};
+  index_t j = 0;
+  for (; j + bf16_lanes <= cols; j += bf16_lanes)
+    for (int k = 0; k < bf16_lanes; ++k) a[k] += squared(row[j + k]);
+  const auto rest = static_cast<int>(cols - j);  // fewer than bf16_lanes
+  for (int k = 0; k < rest; ++k) a[k] += squared(row[j + k]);
+  return sum_bf16_lanes(a);
+}
+
+#if KSHARD_ROW_NORMS_X86_AVX2
+// Eight bf16 elements at `p` (unaligned) widened to eight floats: the 16 bits each into the top
+// half of a 32-bit lane (vpmovzxwd, vpslld), which is the float they denote, exactly.
+inline __m256 bf16x8_to_float(const void* p) {
+  const __m128i raw = _mm_loadu_si128(static_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+// acc + v * v: the product of two bf16-valued doubles is exact, so a fused multiply-add and a
+// multiply then add round once, identically (and every path gives the same bits).
+inline __m256d add_square(__m256d acc, __m256d v) {
+#if defined(__FMA__)
+  return _mm256_fmadd_pd(v, v, acc);
+#else
+  return _mm256_add_pd(acc, _mm256_mul_pd(v, v));
+#endif
+}
+
+#if defined(__AVX512F__)
+inline __m512d add_square(__m512d acc, __m512d v) { return _mm512_fmadd_pd(v, v, acc); }
+// float -> double, all eight lanes (the masked form: GCC 12's unmasked intrinsic warns about
+// its own undefined pass-through operand under -Werror=maybe-uninitialized).
+inline __m512d to_double(__m256 f) { return _mm512_maskz_cvtps_pd(0xff, f); }
+#endif
+
+// The x86 form: the 32 lanes in four zmm accumulators of eight (AVX-512) or eight ymm ones of
+// four (AVX2), stored to the same 32 lanes before the same final sum. Named, not an array: GCC
+// at -O2 keeps an array of vectors in memory, and the store-to-load latency of each chain then
+// halves the speed. AVX-512 converts eight floats to double per instruction: with AVX2 the
+// conversions (one per four elements) cap a core at about 0.7 of memory bandwidth here.
+template <class T>
+inline double bf16_row_squared_norm_x86(const T* row, index_t cols) {
+  static_assert(sizeof(T) == 2, "bf16 storage is two bytes");
+  alignas(64) double a[bf16_lanes];
+  index_t j = 0;
+#if defined(__AVX512F__)
+  __m512d c0 = _mm512_setzero_pd(), c1 = c0, c2 = c0, c3 = c0;
+  for (; j + bf16_lanes <= cols; j += bf16_lanes) {
+    c0 = add_square(c0, to_double(bf16x8_to_float(row + j)));
+    c1 = add_square(c1, to_double(bf16x8_to_float(row + j + 8)));
+    c2 = add_square(c2, to_double(bf16x8_to_float(row + j + 16)));
+    c3 = add_square(c3, to_double(bf16x8_to_float(row + j + 24)));
+  }
+  _mm512_store_pd(a, c0);
+  _mm512_store_pd(a + 8, c1);
+  _mm512_store_pd(a + 16, c2);
+  _mm512_store_pd(a + 24, c3);
+#else
+  __m256d c0 = _mm256_setzero_pd(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+  for (; j + bf16_lanes <= cols; j += bf16_lanes) {
+    const __m256 f0 = bf16x8_to_float(row + j);
+    const __m256 f1 = bf16x8_to_float(row + j + 8);
+    const __m256 f2 = bf16x8_to_float(row + j + 16);
+    const __m256 f3 = bf16x8_to_float(row + j + 24);
+    c0 = add_square(c0, _mm256_cvtps_pd(_mm256_castps256_ps128(f0)));
+    c1 = add_square(c1, _mm256_cvtps_pd(_mm256_extractf128_ps(f0, 1)));
+    c2 = add_square(c2, _mm256_cvtps_pd(_mm256_castps256_ps128(f1)));
+    c3 = add_square(c3, _mm256_cvtps_pd(_mm256_extractf128_ps(f1, 1)));
+    c4 = add_square(c4, _mm256_cvtps_pd(_mm256_castps256_ps128(f2)));
+    c5 = add_square(c5, _mm256_cvtps_pd(_mm256_extractf128_ps(f2, 1)));
+    c6 = add_square(c6, _mm256_cvtps_pd(_mm256_castps256_ps128(f3)));
+    c7 = add_square(c7, _mm256_cvtps_pd(_mm256_extractf128_ps(f3, 1)));
+  }
+  _mm256_store_pd(a, c0);
+  _mm256_store_pd(a + 4, c1);
+  _mm256_store_pd(a + 8, c2);
+  _mm256_store_pd(a + 12, c3);
+  _mm256_store_pd(a + 16, c4);
+  _mm256_store_pd(a + 20, c5);
+  _mm256_store_pd(a + 24, c6);
+  _mm256_store_pd(a + 28, c7);
+#endif
+  const auto rest = static_cast<int>(cols - j);  // fewer than bf16_lanes
+  for (int k = 0; k < rest; ++k) a[k] += squared(row[j + k]);
+  return sum_bf16_lanes(a);
+}
+#endif
+
+// One bf16 row on a host execution space: the x86 form where it is compiled for the host, the
+// portable one otherwise (and in any device pass of a KOKKOS_LAMBDA, which never runs it).
+template <class T>
+KOKKOS_INLINE_FUNCTION double bf16_row_squared_norm_host(const T* row, index_t cols) {
+#if KSHARD_ROW_NORMS_X86_AVX2 && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+  return bf16_row_squared_norm_x86(row, cols);
+#else
+  return bf16_row_squared_norm_portable(row, cols);
+#endif
+}
+
+// Squared norms of the local parts of the local rows (no communication). On the host, bf16
+// rows take bf16_row_squared_norm_host; other types eight fp64 accumulators (an fp32 or fp64
+// element is as many bytes as the conversions and adds it costs keep up with).
 template <class ExecSpace, class View, class Out>
-void local_row_squared_norms(const View& local, const Out& out) {
+void local_row_squared_norms(const ExecSpace& space, const View& local, const Out& out) {
   const auto rows = static_cast<index_t>(local.extent(0));
   const auto cols = static_cast<index_t>(local.extent(1));
   if constexpr (is_host_space_v<ExecSpace>) {
     const auto* data = local.data();
     const auto stride = static_cast<index_t>(local.stride(0));
-    Kokkos::parallel_for(
-        "kshard::row_norms", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(0, rows),
-        KOKKOS_LAMBDA(const index_t i) {
-          const auto* row = data + i * stride;  // plain pointer: lets the compiler vectorise
-          double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
-          index_t j = 0;
-          for (; j + 8 <= cols; j += 8) {
-            a0 += squared(row[j]);
-            a1 += squared(row[j + 1]);
-            a2 += squared(row[j + 2]);
-            a3 += squared(row[j + 3]);
-            a4 += squared(row[j + 4]);
-            a5 += squared(row[j + 5]);
-            a6 += squared(row[j + 6]);
-            a7 += squared(row[j + 7]);
-          }
-          for (; j < cols; ++j) a0 += squared(row[j]);
-          out(i) = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
-        });
+    if constexpr (std::is_same_v<typename View::non_const_value_type, bf16>) {
+      Kokkos::parallel_for(
+          "kshard::row_norms",
+          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, rows),
+          KOKKOS_LAMBDA(const index_t i) {
+            out(i) = bf16_row_squared_norm_host(data + i * stride, cols);
+          });
+    } else {
+      Kokkos::parallel_for(
+          "kshard::row_norms",
+          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, rows),
+          KOKKOS_LAMBDA(const index_t i) {
+            const auto* row = data + i * stride;  // plain pointer: lets the compiler vectorise
+            double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+            index_t j = 0;
+            for (; j + 8 <= cols; j += 8) {
+              a0 += squared(row[j]);
+              a1 += squared(row[j + 1]);
+              a2 += squared(row[j + 2]);
+              a3 += squared(row[j + 3]);
+              a4 += squared(row[j + 4]);
+              a5 += squared(row[j + 5]);
+              a6 += squared(row[j + 6]);
+              a7 += squared(row[j + 7]);
+            }
+            for (; j < cols; ++j) a0 += squared(row[j]);
+            out(i) = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
+          });
+    }
   } else {
     using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
     Kokkos::parallel_for(
-        "kshard::row_norms", Kokkos::TeamPolicy<ExecSpace>(static_cast<int>(rows), Kokkos::AUTO),
+        "kshard::row_norms",
+        Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(rows), Kokkos::AUTO),
         KOKKOS_LAMBDA(const Team& team) {
           const index_t i = team.league_rank();
           double sum = 0;
