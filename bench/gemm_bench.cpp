@@ -1,9 +1,12 @@
 // The local GEMM behind the tensor-parallel linear layers (kshard::detail::gemm_nn / gemm_tn /
 // gemm_nt) in GFLOP/s, against a naive triple loop and, when found at configure time, OpenBLAS
-// cblas_sgemm on one thread, on the same operands in the same run. Every rank runs the same
+// cblas_sgemm on one thread, on the same operands in the same run. Both implementations are
+// measured: kshard's own kernel (records gemm_<shape>, "path": "kshard") and, when kshard was
+// built with kokkos-kernels, KokkosBlas::gemm as the layers call it (gemm_kokkos_kernels_<shape>,
+// "path": "kokkos_kernels"), each timed in alternation with OpenBLAS. Every rank runs the same
 // products at once (so more ranks than cores shows the sharing), and the linear-layer shapes
-// also run through column_parallel_linear with the weight split over the ranks. Each result is
-// compared with the naive loop's, so a broken fast path cannot look good.
+// also run through column_parallel_linear with the weight split over the ranks (on the path in
+// use). Each result is compared with the naive loop's, so a broken fast path cannot look good.
 
 #include <kshard/kshard.hpp>
 
@@ -62,11 +65,32 @@ void naive(Form form, const Mat& a, const Mat& b, const Mat& c, index_t m_rows) 
   Kokkos::fence();
 }
 
+// kshard's own kernel, whatever the path in use.
 void kshard_gemm(Form form, const Mat& a, const Mat& b, const Mat& c) {
-  if (form == Form::nn) kshard::detail::gemm_nn<Exec>(a, b, c, false);
-  if (form == Form::tn) kshard::detail::gemm_tn<Exec>(a, b, c, false);
-  if (form == Form::nt) kshard::detail::gemm_nt<Exec>(a, b, c, false);
-  Kokkos::fence();
+  namespace detail = kshard::detail;
+  using Tile = detail::GemmTile;
+  const Exec space;
+  const auto k = static_cast<index_t>(form == Form::tn ? a.extent(0) : a.extent(1));
+  if (form == Form::nn) detail::own_gemm<false, false, Tile>(space, a, b, c, k, false);
+  if (form == Form::tn) detail::own_gemm<true, false, Tile>(space, a, b, c, k, false);
+  if (form == Form::nt) detail::own_gemm<false, true, Tile>(space, a, b, c, k, false);
+  space.fence();
+}
+
+// The path in use, as the linear layers call it: kokkos-kernels' vendor BLAS when built with it.
+void layers_gemm(Form form, const Mat& a, const Mat& b, const Mat& c) {
+  const Exec space;
+  if (form == Form::nn) kshard::detail::gemm_nn(space, a, b, c, false);
+  if (form == Form::tn) kshard::detail::gemm_tn(space, a, b, c, false);
+  if (form == Form::nt) kshard::detail::gemm_nt(space, a, b, c, false);
+  space.fence();
+}
+
+const char* path_in_use() {
+  const Mat m("bench::path", 1, 1);
+  return kshard::detail::gemm_path<Exec>(m, m, m) == kshard::detail::GemmPath::kokkos_kernels
+             ? "kokkos_kernels"
+             : "kshard";
 }
 
 #if defined(KSHARD_BENCH_OPENBLAS)
@@ -95,11 +119,55 @@ double max_rel_diff(const Mat& x, const Mat& y, index_t rows) {
   return worst;
 }
 
+// One implementation of one product (`run`), alternated with OpenBLAS when found, checked
+// against the naive loop's first `naive_rows` rows of `reference`, as one record.
+template <class Run>
+void record(kshard::bench::Report& report, MPI_Comm comm, const std::string& name, const char* path,
+            Form form, const std::string& label, const Mat& a, const Mat& b, const Mat& reference,
+            index_t naive_rows, double naive_gflops, int reps, Run&& run) {
+  const auto m = static_cast<index_t>(reference.extent(0));
+  const auto n = static_cast<index_t>(reference.extent(1));
+  const auto k = static_cast<index_t>(form == Form::tn ? a.extent(0) : a.extent(1));
+  const Mat c("bench::c", static_cast<std::size_t>(m), static_cast<std::size_t>(n));
+  const double flops =
+      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+#if defined(KSHARD_BENCH_OPENBLAS)
+  // Alternated with OpenBLAS, so that both see the same share of a loaded machine.
+  const Mat blas_c("bench::blas_c", static_cast<std::size_t>(m), static_cast<std::size_t>(n));
+  const auto paired = kshard::bench::time_paired(
+      comm, reps, [&] { run(form, a, b, c); }, [&] { openblas_gemm(form, a, b, blas_c); });
+  const double t_case = paired.seconds;
+#else
+  const double t_case = kshard::bench::time_collective(comm, reps, [&] { run(form, a, b, c); });
+#endif
+  // fp32 sums of up to 4096 terms in another order: relative differences of ~1e-5 are rounding.
+  const double diff = max_rel_diff(c, reference, naive_rows);
+  if (diff > 1e-3)
+    throw std::runtime_error(fmt::format("gemm_bench: {} {} ({}) differs from the naive loop by {}",
+                                         label, name_of(form), path, diff));
+  const double gflops = flops / t_case / 1e9;
+  std::string blas = R"("openblas_gflops": null, "ratio": null)";
+#if defined(KSHARD_BENCH_OPENBLAS)
+  const double blas_diff = max_rel_diff(blas_c, reference, naive_rows);
+  if (blas_diff > 1e-3)
+    throw std::runtime_error(
+        fmt::format("gemm_bench: OpenBLAS {} {} differs from the naive loop by {}", label,
+                    name_of(form), blas_diff));
+  blas = fmt::format(R"("openblas_gflops": {:.4g}, "ratio": {:.4g})", flops / paired.baseline / 1e9,
+                     1 / paired.ratio);  // target >= 0.5
+#endif
+  report.add(
+      name,
+      fmt::format(
+          R"("form": "{}", "path": "{}", "m": {}, "n": {}, "k": {}, "seconds": {:.6g}, "gflops": {:.4g}, "naive_gflops": {:.4g}, "speedup_vs_naive": {:.4g}, {}, "max_rel_diff": {:.3g})",
+          name_of(form), path, m, n, k, t_case, gflops, naive_gflops, gflops / naive_gflops, blas,
+          diff));
+}
+
 void product(kshard::bench::Report& report, MPI_Comm comm, Form form, const std::string& label,
              index_t m, index_t n, index_t k, const kshard::bench::Options& options) {
   const Mat a = form == Form::tn ? make("bench::a", k, m, 1) : make("bench::a", m, k, 1);
   const Mat b = form == Form::nt ? make("bench::b", n, k, 2) : make("bench::b", k, n, 2);
-  const Mat c("bench::c", static_cast<std::size_t>(m), static_cast<std::size_t>(n));
   const Mat reference("bench::reference", static_cast<std::size_t>(m), static_cast<std::size_t>(n));
   const double flops =
       2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
@@ -113,41 +181,12 @@ void product(kshard::bench::Report& report, MPI_Comm comm, Form form, const std:
   const double naive_flops = flops * static_cast<double>(naive_rows) / static_cast<double>(m);
   const double t_naive = kshard::bench::time_collective(
       comm, std::min(reps, 3), [&] { naive(form, a, b, reference, naive_rows); });
-#if defined(KSHARD_BENCH_OPENBLAS)
-  // Alternated with OpenBLAS, so that both see the same share of a loaded machine.
-  const Mat blas_c("bench::blas_c", static_cast<std::size_t>(m), static_cast<std::size_t>(n));
-  const auto paired = kshard::bench::time_paired(
-      comm, reps, [&] { kshard_gemm(form, a, b, c); }, [&] { openblas_gemm(form, a, b, blas_c); });
-  const double t_kshard = paired.seconds;
-#else
-  const double t_kshard =
-      kshard::bench::time_collective(comm, reps, [&] { kshard_gemm(form, a, b, c); });
-#endif
-  // fp32 sums of up to 4096 terms in another order: relative differences of ~1e-5 are rounding.
-  const double diff = max_rel_diff(c, reference, naive_rows);
-  if (diff > 1e-3)
-    throw std::runtime_error(fmt::format("gemm_bench: {} {} differs from the naive loop by {}",
-                                         label, name_of(form), diff));
-  const double kshard_gflops = flops / t_kshard / 1e9;
   const double naive_gflops = naive_flops / t_naive / 1e9;
-  std::string blas = R"("openblas_gflops": null, "ratio": null)";
-#if defined(KSHARD_BENCH_OPENBLAS)
-  const double t_blas = paired.baseline;
-  const double blas_diff = max_rel_diff(blas_c, reference, naive_rows);
-  if (blas_diff > 1e-3)
-    throw std::runtime_error(
-        fmt::format("gemm_bench: OpenBLAS {} {} differs from the naive loop by {}", label,
-                    name_of(form), blas_diff));
-  const double blas_gflops = flops / t_blas / 1e9;
-  blas = fmt::format(R"("openblas_gflops": {:.4g}, "ratio": {:.4g})", blas_gflops,
-                     1 / paired.ratio);  // target >= 0.5
-#endif
-  report.add(
-      "gemm_" + label,
-      fmt::format(
-          R"("form": "{}", "m": {}, "n": {}, "k": {}, "seconds": {:.6g}, "gflops": {:.4g}, "naive_gflops": {:.4g}, "speedup_vs_naive": {:.4g}, {}, "max_rel_diff": {:.3g})",
-          name_of(form), m, n, k, t_kshard, kshard_gflops, naive_gflops,
-          kshard_gflops / naive_gflops, blas, diff));
+  record(report, comm, "gemm_" + label, "kshard", form, label, a, b, reference, naive_rows,
+         naive_gflops, reps, kshard_gemm);
+  if (std::string(path_in_use()) == "kokkos_kernels")
+    record(report, comm, "gemm_kokkos_kernels_" + label, "kokkos_kernels", form, label, a, b,
+           reference, naive_rows, naive_gflops, reps, layers_gemm);
 }
 
 // The whole column-parallel forward (the weight's rows split over the ranks): GFLOP/s summed
@@ -168,9 +207,10 @@ void column_parallel(kshard::bench::Report& report, MPI_Comm comm, index_t token
   });
   const double flops =
       2.0 * static_cast<double>(tokens) * static_cast<double>(in) * static_cast<double>(out);
-  report.add("column_parallel_linear",
-             fmt::format(R"("m": {}, "n": {}, "k": {}, "seconds": {:.6g}, "gflops": {:.4g})",
-                         tokens, out, in, t, flops / t / 1e9));
+  report.add(
+      "column_parallel_linear",
+      fmt::format(R"("path": "{}", "m": {}, "n": {}, "k": {}, "seconds": {:.6g}, "gflops": {:.4g})",
+                  path_in_use(), tokens, out, in, t, flops / t / 1e9));
 }
 
 }  // namespace

@@ -5,7 +5,7 @@
 
 KSHARD_DEBIAN_PACKAGES=(
   cmake ninja-build g++ clang clang-format libclang-rt-14-dev
-  libtrilinos-kokkos-dev libopenmpi-dev openmpi-bin libfmt-dev
+  libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenmpi-dev openmpi-bin libfmt-dev
   libgtest-dev libbenchmark-dev doxygen nlohmann-json3-dev libcli11-dev
 )
 # The reference implementation the checkpoint tests compare with (PyPI).

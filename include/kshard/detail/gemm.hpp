@@ -1,7 +1,14 @@
 #pragma once
 
-// The local matrix products behind the tensor-parallel linear layers: a portable, cache- and
-// register-blocked Kokkos kernel (no BLAS, no KokkosKernels), written once for every backend.
+// The local matrix products behind the tensor-parallel linear layers. Two paths:
+// - kokkos-kernels (when kshard was configured with it: KSHARD_HAVE_KOKKOS_KERNELS, CMake option
+//   KSHARD_KOKKOS_KERNELS): KokkosBlas::gemm, which runs the vendor BLAS (a host BLAS, cuBLAS,
+//   rocBLAS) for float and double views of one layout (LayoutRight or LayoutLeft) in a memory
+//   space it has a BLAS for (detail/gemm_kokkos_kernels.hpp). GPU builds require it.
+// - kshard's own GEMM, below, for everything else (no kokkos-kernels, bf16 and other types, mixed
+//   or strided layouts, operands past the BLAS's int range): a portable, cache- and
+//   register-blocked Kokkos kernel, written once for every backend.
+// gemm_path() says which one a product takes. Both run on the execution-space instance given.
 //
 // Every product is C[M, N] = op(A) * B, or C += op(A) * B with `accumulate`:
 //   gemm_nn: C = A * B      (A is M x K, B is K x N)
@@ -19,6 +26,7 @@
 // time in increasing k, each K panel by the one work item that owns its tile, so it has the same
 // bits for any thread count and any block sizes on a given build (another compiler or target may
 // round differently, e.g. fuse the multiply-adds or not).
+// (kshard's own kernel only: a vendor BLAS makes no such promise, e.g. OpenBLAS with threads.)
 
 #include <Kokkos_Core.hpp>
 
@@ -26,6 +34,10 @@
 #include <cstddef>
 
 #include "kshard/index.hpp"
+
+#if defined(KSHARD_HAVE_KOKKOS_KERNELS)
+#include "kshard/detail/gemm_kokkos_kernels.hpp"
+#endif
 
 // Complete unrolling of the constant-bound tile loops, requested before the loop vectoriser
 // sees them (at -O3 GCC would otherwise vectorise them as loops and leave the accumulators in
@@ -251,9 +263,11 @@ struct GemmMicroKernel {
   }
 };
 
-template <class ExecSpace, bool TransA, bool TransB, class Tile, class AView, class BView,
+// kshard's own GEMM on `space`: C = op(A) op(B), or C += op(A) op(B) with `accumulate`.
+template <bool TransA, bool TransB, class Tile, class ExecSpace, class AView, class BView,
           class CView>
-void gemm(const AView& a, const BView& b, const CView& c, index_t k, bool accumulate) {
+void own_gemm(const ExecSpace& space, const AView& a, const BView& b, const CView& c, index_t k,
+              bool accumulate) {
   using T = typename CView::non_const_value_type;
   using Blocking = GemmBlocking<T, Tile>;
   using Packed = Kokkos::View<T*, typename CView::memory_space>;
@@ -267,7 +281,7 @@ void gemm(const AView& a, const BView& b, const CView& c, index_t k, bool accumu
   const auto n = static_cast<index_t>(c.extent(1));
   if (m == 0 || n == 0) return;
   if (k == 0) {
-    if (!accumulate) Kokkos::deep_copy(ExecSpace(), c, T(0));
+    if (!accumulate) Kokkos::deep_copy(space, c, T(0));
     return;
   }
   // One block of each operand, smaller for small products.
@@ -287,32 +301,92 @@ void gemm(const AView& a, const BView& b, const CView& c, index_t k, bool accumu
         const index_t tiles_m = ceil_div(mc, mr);
         const index_t b_items = ic == 0 ? tiles_n * kc : 0;
         Kokkos::parallel_for(
-            "kshard::gemm::pack", Policy(0, b_items + tiles_m * kc),
+            "kshard::gemm::pack", Policy(space, 0, b_items + tiles_m * kc),
             Pack{{a, a_packed, ic, pc, mc, kc}, {b, b_packed, jc, pc, nc, kc}, b_items});
         Kokkos::parallel_for(
-            "kshard::gemm::tiles", Policy(0, tiles_m * tiles_n),
+            "kshard::gemm::tiles", Policy(space, 0, tiles_m * tiles_n),
             Kernel{a_packed, b_packed, c, ic, jc, mc, nc, kc, tiles_m, pc == 0 && !accumulate});
       }
     }
   }
 }
 
-// C = A * B (A: M x K, B: K x N, C: M x N); with `accumulate`, C += A * B.
-template <class ExecSpace, class AView, class BView, class CView>
-void gemm_nn(const AView& a, const BView& b, const CView& c, bool accumulate) {
-  gemm<ExecSpace, false, false, GemmTile>(a, b, c, static_cast<index_t>(a.extent(1)), accumulate);
+// Which implementation a product takes.
+enum class GemmPath { kshard, kokkos_kernels };
+
+constexpr const char* name_of(GemmPath path) {
+  return path == GemmPath::kokkos_kernels ? "kokkos-kernels (vendor BLAS)" : "kshard";
 }
 
-// C = A^T * B (A: K x M, B: K x N, C: M x N); with `accumulate`, C += A^T * B.
+// The path gemm_nn / gemm_tn / gemm_nt take for these views on ExecSpace.
 template <class ExecSpace, class AView, class BView, class CView>
-void gemm_tn(const AView& a, const BView& b, const CView& c, bool accumulate) {
-  gemm<ExecSpace, true, false, GemmTile>(a, b, c, static_cast<index_t>(a.extent(0)), accumulate);
+GemmPath gemm_path([[maybe_unused]] const AView& a, [[maybe_unused]] const BView& b,
+                   [[maybe_unused]] const CView& c) {
+#if defined(KSHARD_HAVE_KOKKOS_KERNELS)
+  if constexpr (kokkos_kernels_gemm_v<ExecSpace, AView, BView, CView>)
+    if (fits_blas_int(a) && fits_blas_int(b) && fits_blas_int(c)) return GemmPath::kokkos_kernels;
+#endif
+  return GemmPath::kshard;
 }
 
-// C = A * B^T (A: M x K, B: N x K, C: M x N); with `accumulate`, C += A * B^T.
+template <bool TransA, bool TransB, class ExecSpace, class AView, class BView, class CView>
+void gemm(const ExecSpace& space, const AView& a, const BView& b, const CView& c, index_t k,
+          bool accumulate) {
+#if defined(KSHARD_HAVE_KOKKOS_KERNELS)
+  if constexpr (kokkos_kernels_gemm_v<ExecSpace, AView, BView, CView>) {
+    if (gemm_path<ExecSpace>(a, b, c) == GemmPath::kokkos_kernels) {
+      using T = typename CView::non_const_value_type;
+      if (c.extent(0) == 0 || c.extent(1) == 0) return;
+      if (k == 0) {  // KokkosBlas::gemm returns without touching C here
+        if (!accumulate) Kokkos::deep_copy(space, c, T(0));
+        return;
+      }
+      kokkos_kernels_gemm<TransA, TransB>(space, a, b, c, accumulate);
+      return;
+    }
+  }
+#endif
+  own_gemm<TransA, TransB, GemmTile>(space, a, b, c, k, accumulate);
+}
+
+// C = A * B (A: M x K, B: K x N, C: M x N); with `accumulate`, C += A * B. On `space`.
 template <class ExecSpace, class AView, class BView, class CView>
-void gemm_nt(const AView& a, const BView& b, const CView& c, bool accumulate) {
-  gemm<ExecSpace, false, true, GemmTile>(a, b, c, static_cast<index_t>(a.extent(1)), accumulate);
+void gemm_nn(const ExecSpace& space, const AView& a, const BView& b, const CView& c,
+             bool accumulate) {
+  gemm<false, false>(space, a, b, c, static_cast<index_t>(a.extent(1)), accumulate);
+}
+
+// C = A^T * B (A: K x M, B: K x N, C: M x N); with `accumulate`, C += A^T * B. On `space`.
+template <class ExecSpace, class AView, class BView, class CView>
+void gemm_tn(const ExecSpace& space, const AView& a, const BView& b, const CView& c,
+             bool accumulate) {
+  gemm<true, false>(space, a, b, c, static_cast<index_t>(a.extent(0)), accumulate);
+}
+
+// C = A * B^T (A: M x K, B: N x K, C: M x N); with `accumulate`, C += A * B^T. On `space`.
+template <class ExecSpace, class AView, class BView, class CView>
+void gemm_nt(const ExecSpace& space, const AView& a, const BView& b, const CView& c,
+             bool accumulate) {
+  gemm<false, true>(space, a, b, c, static_cast<index_t>(a.extent(1)), accumulate);
+}
+
+// The same on a default-constructed ExecSpace instance.
+template <class ExecSpace, class AView, class BView, class CView>
+requires(!Kokkos::is_execution_space<AView>::value) void gemm_nn(const AView& a, const BView& b,
+                                                                 const CView& c, bool accumulate) {
+  gemm_nn(ExecSpace(), a, b, c, accumulate);
+}
+
+template <class ExecSpace, class AView, class BView, class CView>
+requires(!Kokkos::is_execution_space<AView>::value) void gemm_tn(const AView& a, const BView& b,
+                                                                 const CView& c, bool accumulate) {
+  gemm_tn(ExecSpace(), a, b, c, accumulate);
+}
+
+template <class ExecSpace, class AView, class BView, class CView>
+requires(!Kokkos::is_execution_space<AView>::value) void gemm_nt(const AView& a, const BView& b,
+                                                                 const CView& c, bool accumulate) {
+  gemm_nt(ExecSpace(), a, b, c, accumulate);
 }
 
 }  // namespace kshard::detail
