@@ -2,14 +2,21 @@
 // run: Shard<0> -> Replicate (redistribute_into a persistent matrix) against MPI_Allgatherv
 // into a preallocated buffer, and redistribute against it into a fresh buffer; Shard<0> ->
 // Shard<1> against MPI_Alltoall of the same byte count; and the FSDP unshard (StridedShard<0>,
-// Shard<0>) -> (Replicate, Shard<0>) on a (2, n/2) mesh, reported with its bytes. Results are
-// checked against the values every rank can compute, so a broken fast path cannot look good.
+// Shard<0>) -> (Replicate, Shard<0>) on a (2, n/2) mesh, reported with its bytes. Then each of
+// these transitions as a plan made once (`plan_redistribute`) and applied, at a small (64 x 64)
+// and a large size, against the physical minimum written here with MPI and plain loops: the
+// collective(s) plus the packing the bare version also needs (target: ratio <= 1.05), and, at
+// the small size, redistribute_into (which plans on every call) against the plan's apply.
+// Results are checked against the values every rank can compute, so a broken fast path (or a
+// wrong baseline) cannot look good.
 
 #include <kshard/kshard.hpp>
 
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -205,6 +212,162 @@ void fsdp_unshard(kshard::bench::Report& report, MPI_Comm world, index_t rows, i
   report.add(fmt::format("fsdp_unshard_{}x{}", dp, tp), fields(rows, cols, t, bytes));
 }
 
+// The physical minimum of a move: what a hand-written MPI code does, with its buffers and
+// counts set up once. `run(in, out)` moves this rank's shard `in` into its new shard `out`.
+struct Bare {
+  std::function<void(const float*, float*)> run;
+};
+
+// Shard<0> -> Replicate on a 1-D mesh: one MPI_Allgatherv straight into the result.
+Bare bare_allgather(MPI_Comm comm, index_t rows, index_t cols) {
+  int size = 0;
+  int rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  auto counts = std::make_shared<std::vector<int>>(static_cast<std::size_t>(size));
+  auto displs = std::make_shared<std::vector<int>>(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    (*counts)[static_cast<std::size_t>(r)] =
+        static_cast<int>(kshard::chunk_extent(rows, size, r) * cols);
+    (*displs)[static_cast<std::size_t>(r)] =
+        static_cast<int>(kshard::chunk_begin(rows, size, r) * cols);
+  }
+  const int mine = (*counts)[static_cast<std::size_t>(rank)];
+  return {[=](const float* in, float* out) {
+    MPI_Allgatherv(in, mine, MPI_FLOAT, out, counts->data(), displs->data(), MPI_FLOAT, comm);
+  }};
+}
+
+// Shard<0> -> Shard<1> on a 1-D mesh: pack each peer's columns of this rank's rows (a plain
+// loop), one MPI_Alltoallv whose blocks land straight in the result (each peer's rows are
+// consecutive there), and a plain copy of the block this rank keeps.
+Bare bare_alltoall(MPI_Comm comm, index_t rows, index_t cols) {
+  int size = 0;
+  int rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  const auto n = static_cast<std::size_t>(size);
+  const index_t my_rows = kshard::chunk_extent(rows, size, rank);
+  const index_t my_cols = kshard::chunk_extent(cols, size, rank);
+  const index_t my_col0 = kshard::chunk_begin(cols, size, rank);
+  const index_t my_row0 = kshard::chunk_begin(rows, size, rank);
+  auto sc = std::make_shared<std::vector<int>>(n, 0);
+  auto sd = std::make_shared<std::vector<int>>(n, 0);
+  auto rc = std::make_shared<std::vector<int>>(n, 0);
+  auto rd = std::make_shared<std::vector<int>>(n, 0);
+  int sent = 0;
+  for (int p = 0; p < size; ++p) {
+    const auto q = static_cast<std::size_t>(p);
+    (*sd)[q] = sent;
+    (*rd)[q] = static_cast<int>(kshard::chunk_begin(rows, size, p) * my_cols);
+    if (p == rank) continue;
+    (*sc)[q] = static_cast<int>(my_rows * kshard::chunk_extent(cols, size, p));
+    (*rc)[q] = static_cast<int>(kshard::chunk_extent(rows, size, p) * my_cols);
+    sent += (*sc)[q];
+  }
+  auto send = std::make_shared<std::vector<float>>(static_cast<std::size_t>(sent));
+  return {[=](const float* in, float* out) {
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      const index_t c0 = kshard::chunk_begin(cols, size, p);
+      const index_t w = kshard::chunk_extent(cols, size, p);
+      float* s = send->data() + (*sd)[static_cast<std::size_t>(p)];
+      for (index_t i = 0; i < my_rows; ++i)
+        for (index_t j = 0; j < w; ++j) s[i * w + j] = in[i * cols + c0 + j];
+    }
+    MPI_Alltoallv(send->data(), sc->data(), sd->data(), MPI_FLOAT, out, rc->data(), rd->data(),
+                  MPI_FLOAT, comm);
+    for (index_t i = 0; i < my_rows; ++i)
+      for (index_t j = 0; j < my_cols; ++j)
+        out[(my_row0 + i) * my_cols + j] = in[i * cols + my_col0 + j];
+  }};
+}
+
+// The FSDP unshard on a (dp, tp) mesh: each dp group's pieces are consecutive rows of its TP
+// chunk, so one MPI_Allgatherv over dp lands straight in the result.
+Bare bare_fsdp(const kshard::Mesh<2>& mesh, index_t rows, index_t cols) {
+  const MPI_Comm dp_comm = mesh.dim_comm(0);
+  const int dp = mesh.extent(0);
+  const int tp = mesh.extent(1);
+  const index_t chunk = kshard::chunk_extent(rows, tp, mesh.coords()[1]);
+  auto counts = std::make_shared<std::vector<int>>(static_cast<std::size_t>(dp));
+  auto displs = std::make_shared<std::vector<int>>(static_cast<std::size_t>(dp));
+  for (int r = 0; r < dp; ++r) {
+    (*counts)[static_cast<std::size_t>(r)] =
+        static_cast<int>(kshard::chunk_extent(chunk, dp, r) * cols);
+    (*displs)[static_cast<std::size_t>(r)] =
+        static_cast<int>(kshard::chunk_begin(chunk, dp, r) * cols);
+  }
+  const int mine = (*counts)[static_cast<std::size_t>(mesh.coords()[0])];
+  return {[=](const float* in, float* out) {
+    MPI_Allgatherv(in, mine, MPI_FLOAT, out, counts->data(), displs->data(), MPI_FLOAT, dp_comm);
+  }};
+}
+
+// A plan made once and applied, against the bare minimum; at small sizes also
+// redistribute_into (planning on every call) against the plan's apply.
+template <class From, class To, std::size_t N>
+void plan_case(kshard::bench::Report& report, const std::string& name, const kshard::Mesh<N>& mesh,
+               const From& from, const To& to, index_t rows, index_t cols, int reps,
+               const Bare& bare) {
+  const MPI_Comm comm = mesh.comm();
+  kshard::DistMatrix<float, From> source(mesh, from, rows, cols);
+  fill(source);
+  auto plan = kshard::plan_redistribute(source, to);
+  const auto target = plan.make_target();
+  const auto apply_call = [&] {
+    plan.apply(source, target);
+    Kokkos::fence();
+  };
+  const auto bytes = bytes_of(apply_call);
+  verify(target, comm, (name + " (plan.apply)").c_str());
+  const auto into_call = [&] {
+    kshard::redistribute_into(source, target);
+    Kokkos::fence();
+  };
+  if (bytes_of(into_call) != bytes)
+    throw std::runtime_error("redistribute_bench: redistribute_into sent other bytes");
+  // The baseline writes a shard of the target's shape, checked like kshard's.
+  const typename kshard::DistMatrix<float, To>::view_type out("bare", target.local().extent(0),
+                                                              target.local().extent(1));
+  const float* in = source.local().data();
+  const auto bare_call = [&] { bare.run(in, out.data()); };
+  bare_call();
+  verify(kshard::DistMatrix<float, To>(mesh, to, rows, cols, out), comm,
+         (name + " (bare MPI)").c_str());
+  const bool small = rows * cols <= 64 * 64;
+  const int repetitions = small ? 25 * reps : reps;  // microseconds: more samples
+  const auto t = kshard::bench::time_paired(comm, repetitions, apply_call, bare_call);
+  std::string extra;
+  if (small) {
+    const auto t_into = kshard::bench::time_paired(comm, repetitions, into_call, apply_call);
+    extra = fmt::format(R"(, "into_seconds": {:.6g}, "ratio_into_vs_apply": {:.4g})",
+                        t_into.seconds, t_into.ratio);  // what planning once saves
+  }
+  report.add(fmt::format("plan_{}_{}x{}", name, rows, cols),
+             fields(rows, cols, t, bytes) + extra);  // target: ratio <= 1.05
+}
+
+void plan_cases(kshard::bench::Report& report, MPI_Comm world, index_t rows, index_t cols,
+                int reps) {
+  int size = 0;
+  MPI_Comm_size(world, &size);
+  const kshard::Mesh<1> line(world, {size});
+  using S0 = kshard::Layout<kshard::Shard<0>>;
+  plan_case(report, "shard0_to_replicate", line, S0{}, kshard::Layout<kshard::Replicate>{}, rows,
+            cols, reps, bare_allgather(world, rows, cols));
+  plan_case(report, "shard0_to_shard1", line, S0{}, kshard::Layout<kshard::Shard<1>>{}, rows, cols,
+            reps, bare_alltoall(world, rows, cols));
+  const int dp = size % 2 == 0 ? 2 : 1;
+  const int tp = size / dp;
+  const kshard::Mesh<2> mesh(world, {dp, tp}, {"dp", "tp"});
+  using From = kshard::Layout<kshard::StridedShard<0>, kshard::Shard<0>>;
+  plan_case(report, fmt::format("fsdp_unshard_{}x{}", dp, tp), mesh,
+            From(kshard::StridedShard<0>{tp}, kshard::Shard<0>{}),
+            kshard::Layout<kshard::Replicate, kshard::Shard<0>>{}, rows, cols, reps,
+            bare_fsdp(mesh, rows, cols));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -217,6 +380,11 @@ int main(int argc, char** argv) {
         // 256 MiB of fp32: the replicated result and the baseline's buffer fit on every rank.
         const index_t rows = options.quick ? 8192 : 65536;
         const index_t cols = options.quick ? 256 : 1024;
+        // KSHARD_BENCH_PLAN_ONLY=1: only the plan cases (a shorter run on a shared machine).
+        const char* plan_only = std::getenv("KSHARD_BENCH_PLAN_ONLY");
+        plan_cases(report, MPI_COMM_WORLD, 64, 64, options.repetitions);
+        plan_cases(report, MPI_COMM_WORLD, rows, cols, options.repetitions);
+        if (plan_only != nullptr && std::string(plan_only) == "1") return;
         shard_to_replicate(report, mesh, rows, cols, options.repetitions);
         shard0_to_shard1(report, mesh, rows, cols, options.repetitions);
         fsdp_unshard(report, MPI_COMM_WORLD, rows, cols, options.repetitions);

@@ -60,6 +60,14 @@ operation compared with itself); the ratio is the median of the per-repetition r
   (`gemm_generic`, SSE2 without FMA, against OpenBLAS's run-time AVX-512 kernels) the same
   code reaches 0.24-0.38x: half the vector width and no fused multiply-add; build HPC codes
   for their machine. With OpenMP (2 threads) the product runs 1.3-1.9x one OpenBLAS thread.
+  Since the kokkos-kernels path, that kernel is the fallback (builds without kokkos-kernels,
+  e.g. the OpenMP configuration, and views no BLAS takes); with kokkos-kernels (the Serial
+  configuration: Debian's Trilinos 13.2, whose BLAS TPL is on for float and double,
+  LayoutRight and LayoutLeft, HostSpace) the layers' products go through `KokkosBlas::gemm` to
+  the host BLAS, i.e. OpenBLAS: `gemm_kokkos_kernels_*` rows, 0.98-1.08x of `cblas_sgemm`
+  called directly (1 rank, native; kshard's own kernel 0.72-1.01x in the same run, a loaded
+  machine). Trilinos 13.2's `KokkosBlas::gemm` takes no execution-space instance (3.6+ does):
+  kshard fences the instance before the BLAS call.
 - **Checkpoint reads** (`io::read_into`, the 30522 x 384 F32 embedding of all-MiniLM-L6-v2's
   size, page-cached) against a `pread` loop over exactly the bytes each rank holds, into memory
   both already hold: rows (the vocabulary-parallel layout) at 0.86-0.94x at 1 and 2 ranks.

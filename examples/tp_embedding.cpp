@@ -205,22 +205,25 @@ int main(int argc, char** argv) {
     Kokkos::deep_copy(ids,
                       Kokkos::View<const std::int32_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
                           host_ids.data(), host_ids.size()));
+    // Every kshard call below takes the execution-space instance its work runs on first (the
+    // forms without one use a default instance); the example's own kernels run on it too.
+    const Kokkos::DefaultExecutionSpace space;
     kshard::reset_comm_stats();
-    const auto e = kshard::vocab_parallel_lookup(tok, ids, tp_dim, scale);
-    const auto p = kshard::vocab_parallel_lookup(per_layer, ids, tp_dim, scale);
+    const auto e = kshard::vocab_parallel_lookup(space, tok, ids, tp_dim, scale);
+    const auto p = kshard::vocab_parallel_lookup(space, per_layer, ids, tp_dim, scale);
     const auto lookup_stats = kshard::comm_stats();
     Device h0("h0", u(tokens), u(hidden));
     Kokkos::parallel_for(
         "h0",
-        Kokkos::MDRangePolicy<Kokkos::Rank<2>, Kokkos::IndexType<index_t>>({0, 0},
+        Kokkos::MDRangePolicy<Kokkos::Rank<2>, Kokkos::IndexType<index_t>>(space, {0, 0},
                                                                            {tokens, hidden}),
         KOKKOS_LAMBDA(const index_t n, const index_t j) { h0(n, j) = e(n, j) + p(n, j); });
-    const auto act = kshard::column_parallel_linear(w_up, h0, b_up, tp_dim);
-    const auto y = kshard::row_parallel_linear(w_down, act, b_down, tp_dim);
+    const auto act = kshard::column_parallel_linear(space, w_up, h0, b_up, tp_dim);
+    const auto y = kshard::row_parallel_linear(space, w_down, act, b_down, tp_dim);
     Device h1("h1", u(tokens), u(hidden));
     Kokkos::parallel_for(
         "h1",
-        Kokkos::MDRangePolicy<Kokkos::Rank<2>, Kokkos::IndexType<index_t>>({0, 0},
+        Kokkos::MDRangePolicy<Kokkos::Rank<2>, Kokkos::IndexType<index_t>>(space, {0, 0},
                                                                            {tokens, hidden}),
         KOKKOS_LAMBDA(const index_t n, const index_t j) {
           h1(n, j) = h0(n, j) + y(n, j) + p(n, hidden + j);
@@ -231,15 +234,15 @@ int main(int argc, char** argv) {
     Kokkos::deep_copy(g_h1, to_float(r));
     kshard::reset_comm_stats();
     const auto g_act =
-        kshard::row_parallel_linear_backward(w_down, act, g_h1, g_w_down, g_b_down, tp_dim);
+        kshard::row_parallel_linear_backward(space, w_down, act, g_h1, g_w_down, g_b_down, tp_dim);
     const auto silent_row_backward =
         kshard::comm_stats().collectives == 0 && kshard::comm_stats().agreements == 0;
     const auto g_h0 =
-        kshard::column_parallel_linear_backward(w_up, h0, g_act, g_w_up, g_b_up, tp_dim);
+        kshard::column_parallel_linear_backward(space, w_up, h0, g_act, g_w_up, g_b_up, tp_dim);
     Device g_p("g_p", u(tokens), u(layers * hidden));
     Kokkos::parallel_for(
         "g_h0",
-        Kokkos::MDRangePolicy<Kokkos::Rank<2>, Kokkos::IndexType<index_t>>({0, 0},
+        Kokkos::MDRangePolicy<Kokkos::Rank<2>, Kokkos::IndexType<index_t>>(space, {0, 0},
                                                                            {tokens, hidden}),
         KOKKOS_LAMBDA(const index_t n, const index_t j) {
           g_h0(n, j) += g_h1(n, j);  // the residual path
@@ -247,17 +250,17 @@ int main(int argc, char** argv) {
           g_p(n, hidden + j) = g_h1(n, j);
         });
     kshard::reset_comm_stats();
-    kshard::vocab_parallel_lookup_backward(g_tok, ids, g_h0, tp_dim, scale, padding_id);
-    kshard::vocab_parallel_lookup_backward(g_per_layer, ids, g_p, tp_dim, scale);
+    kshard::vocab_parallel_lookup_backward(space, g_tok, ids, g_h0, tp_dim, scale, padding_id);
+    kshard::vocab_parallel_lookup_backward(space, g_per_layer, ids, g_p, tp_dim, scale);
     const auto silent_lookup_backward =
         kshard::comm_stats().collectives == 0 && kshard::comm_stats().agreements == 0;
     // Data-parallel gradient sync: every gradient summed over dp.
-    kshard::reduce_from_tp(mesh, dp_dim, g_tok.local());
-    kshard::reduce_from_tp(mesh, dp_dim, g_per_layer.local());
-    kshard::reduce_from_tp(mesh, dp_dim, g_w_up.local());
-    kshard::reduce_from_tp(mesh, dp_dim, g_w_down.local());
-    kshard::reduce_from_tp(mesh, dp_dim, g_b_up);
-    kshard::reduce_from_tp(mesh, dp_dim, g_b_down);
+    kshard::reduce_from_tp(space, mesh, dp_dim, g_tok.local());
+    kshard::reduce_from_tp(space, mesh, dp_dim, g_per_layer.local());
+    kshard::reduce_from_tp(space, mesh, dp_dim, g_w_up.local());
+    kshard::reduce_from_tp(space, mesh, dp_dim, g_w_down.local());
+    kshard::reduce_from_tp(space, mesh, dp_dim, g_b_up);
+    kshard::reduce_from_tp(space, mesh, dp_dim, g_b_down);
 
     // ---- serial reference: every dp group's batch, gradients summed
     Matrix want_h1;

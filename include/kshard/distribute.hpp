@@ -17,9 +17,9 @@
 #include <fmt/format.h>
 
 #include "kshard/detail/agreement.hpp"
+#include "kshard/detail/common_kernels.hpp"
 #include "kshard/detail/kokkos_compat.hpp"
 #include "kshard/detail/operation.hpp"
-#include "kshard/detail/staging.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/layout_mapping.hpp"
 
@@ -70,18 +70,18 @@ struct Packing {
 // The packing of the shards of the ranks whose coordinates `takes`. Every rank computes all of
 // it from agreed values, so a message past INT_MAX elements is the same error on every rank.
 template <class Matrix, class Takes>
-Packing pack_shards(const Matrix& matrix, Takes&& takes, const char* what) {
+Packing pack_shards(const Matrix& matrix, Takes&& takes) {
   const auto& mesh = matrix.mesh();
   Packing packing{std::vector<int>(mesh.size()), std::vector<int>(mesh.size()), 0};
   index_t total = 0;
   for (int r = 0; r < mesh.size(); ++r) {
     const auto coords = mesh.coords_of(r);
     const index_t n = takes(coords) ? matrix.mapping_of(coords).local_size() : 0;
-    packing.displs[r] = mpi_count(total, what);
-    packing.counts[r] = mpi_count(n, what);
+    packing.displs[r] = mpi_count(total);
+    packing.counts[r] = mpi_count(n);
     total += n;
   }
-  packing.total = mpi_count(total, what);
+  packing.total = mpi_count(total);
   return packing;
 }
 
@@ -90,7 +90,7 @@ template <class Matrix>
 Packing first_copies(const Matrix& matrix) {
   using L = typename Matrix::layout_type;
   const auto first = [](const auto& coords) { return L::is_first_copy(coords, {0, 1}); };
-  return pack_shards(matrix, first, "kshard::gather");
+  return pack_shards(matrix, first);
 }
 
 // Calls `copy(global_row, global_col, offset, length)` for every stretch of the packed blocks
@@ -203,8 +203,7 @@ distribute(const ExecSpace& space, const Mesh<M>& mesh, const L& layout,
   mesh.group().bcast(shape.data(), 2, root.rank);
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, shape[0], shape[1], label);
   const detail::Packing packing = detail::pack_shards(
-      matrix, [](const auto& coords) { return detail::holds_value<L>(coords); },
-      "kshard::distribute");
+      matrix, [](const auto& coords) { return detail::holds_value<L>(coords); });
 
   const bool is_root = mesh.my_rank() == root.rank;
   std::vector<T> packed(is_root ? static_cast<std::size_t>(packing.total) : 0);
@@ -253,7 +252,7 @@ requires Kokkos::is_execution_space<ExecSpace>::value HostMatrix<T> gather(
   agreement.settle();
   const detail::Packing packing = detail::first_copies(matrix);
 
-  const auto local = detail::host_copy(space, matrix.local());
+  const auto local = detail::to_host(space, matrix.local(), "kshard::gather: the shard, for MPI");
   std::vector<T> received(static_cast<std::size_t>(packing.total));
   mesh.group().allgatherv(local.data(), packing.counts[mesh.my_rank()], received.data(),
                           packing.counts.data(), packing.displs.data());
@@ -288,7 +287,7 @@ requires Kokkos::is_execution_space<ExecSpace>::value HostMatrix<T> gather(
   const detail::Packing packing = detail::first_copies(matrix);
 
   const bool is_root = mesh.my_rank() == root.rank;
-  const auto local = detail::host_copy(space, matrix.local());
+  const auto local = detail::to_host(space, matrix.local(), "kshard::gather: the shard, for MPI");
   std::vector<T> received(is_root ? static_cast<std::size_t>(packing.total) : 0);
   mesh.group().gatherv(local.data(), packing.counts[mesh.my_rank()], received.data(),
                        packing.counts.data(), packing.displs.data(), root.rank);

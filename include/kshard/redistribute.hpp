@@ -29,6 +29,7 @@
 #include "kshard/detail/redistribute_plan.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
+#include "kshard/format.hpp"
 #include "kshard/layout_mapping.hpp"
 #include "kshard/mesh.hpp"
 #include "kshard/placement.hpp"
@@ -45,19 +46,6 @@ template <class T>
 inline constexpr bool reducible_v =
     std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
     std::is_same_v<T, std::int64_t>;
-
-inline MPI_Op mpi_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::max:
-      return MPI_MAX;
-    case ReduceOp::min:
-      return MPI_MIN;
-    case ReduceOp::sum:
-    case ReduceOp::avg:
-      break;
-  }
-  return MPI_SUM;
-}
 
 template <class L>
 std::array<ReduceOp, L::rank> partial_ops() {
@@ -87,7 +75,7 @@ constexpr void check_redistribute_types() {
 template <class M, class LT, std::size_t NT>
 Agreement redistribute_agreement(const M& matrix, const Mesh<NT>& target_mesh,
                                  const LT& target_layout) {
-  Agreement agreement(matrix.mesh().comm());
+  Agreement agreement(matrix.mesh().group());
   same_matrix(agreement, matrix, "the matrix");
   agreement.same("the target mesh rank", static_cast<std::int64_t>(NT));
   for (std::size_t m = 0; m < NT; ++m)
@@ -104,50 +92,73 @@ Agreement redistribute_agreement(const M& matrix, const Mesh<NT>& target_mesh,
   return agreement;
 }
 
-// out = the elements of `in` (this rank's shard under `mine`) that the shard under `need` also
-// holds, copied locally: no message.
-template <class ExecSpace, class T, class S, std::size_t NS, std::size_t NT>
-void copy_held(const ShardView<T, S>& in, const LayoutMapping<NS>& mine, const ShardView<T, S>& out,
-               const LayoutMapping<NT>& need) {
-  BlockLists from;
-  BlockLists to;
-  const auto rows = overlaps(mine.rows, need.rows);
-  const auto cols = overlaps(mine.cols, need.cols);
-  from.add(rows, cols, true, 0);
-  to.add(rows, cols, false, 0);
-  copy_blocks<ExecSpace>(in, from, out, to);
+// One step of a compiled plan, with everything it needs built once: counts and displacements,
+// the pack and unpack moves (in device memory) and the message buffers.
+template <class T, class S>
+struct Stage {
+  enum class Kind { copy, allreduce, reduce_scatter, allgather, local, exchange };
+  Kind kind = Kind::local;
+  comm::Group group;  // the ranks of the collective
+  ReduceOp op = ReduceOp::sum;
+  int divide = 0;              // > 1: the output is divided by it afterwards (Partial<avg>)
+  int in = -1;                 // input: -1 the source shard, else that intermediate shard
+  int out = -1;                // output: -1 the result, else that intermediate shard
+  bool in_place = false;       // allgather, exchange: MPI receives straight into the output
+  bool send_in_place = false;  // exchange: MPI sends straight from the input
+  std::vector<int> send_counts, send_displs, recv_counts, recv_displs;
+  DeviceMoves<S> pack;    // input -> send buffer
+  DeviceMoves<S> unpack;  // receive buffer (source 0) and input (source 1) -> output
+  Kokkos::View<T*, S> send, recv;
+};
+
+template <class T, class S>
+Kokkos::View<T*, S> message_buffer(index_t elements, const char* label) {
+  return Kokkos::View<T*, S>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
+                             static_cast<std::size_t>(mpi_count(elements)));
 }
 
 // The exact exchange: every rank t receives each element of its new shard (dst) once, from the
 // rank that holds it in src and agrees with t on every src dimension that does not split
 // (Replicate or Partial: the same replica, the same addend); t itself where it already holds
 // it. `peers` ranks of `comm`; peer p has coordinates src_coords(p) and dst_coords(p).
-// Receivers for which `wants` is false need nothing. One all-to-all(v) over `comm`.
-template <class ExecSpace, class T, class S, std::size_t NS, std::size_t NT, class SrcCoords,
+// Receivers for which `wants` is false need nothing. One all-to-all(v) over `comm`; the pack
+// is one kernel, the unpack (with the elements this rank keeps) another.
+template <class T, class S, class Space, std::size_t NS, std::size_t NT, class SrcCoords,
           class DstCoords, class Wants>
-void exchange(const ShardView<T, S>& in, const Geometry<NS>& src, const ShardView<T, S>& out,
-              const Geometry<NT>& dst, int peers, int self, const SrcCoords& src_coords,
-              const DstCoords& dst_coords, const Wants& wants, MPI_Comm comm) {
+Stage<T, S> compile_exchange(const Space& space, const Geometry<NS>& src, const Geometry<NT>& dst,
+                             int peers, int self, const SrcCoords& src_coords,
+                             const DstCoords& dst_coords, const Wants& wants,
+                             const comm::Group& group) {
   const std::array<int, NS> my_src = src_coords(self);
   const std::array<int, NT> my_dst = dst_coords(self);
   const LayoutMapping<NS> mine = src.at(my_src);
   const LayoutMapping<NT> need = dst.at(my_dst);
   const bool i_want = wants(my_dst);
+  const MoveEnd from_shard = shard_end(true, mine.cols.local_extent());
+  const MoveEnd to_shard = shard_end(false, need.cols.local_extent());
   auto agrees = [&](const std::array<int, NS>& other) {
     for (std::size_t m = 0; m < NS; ++m)
       if (!src.splits(m) && other[m] != my_src[m]) return false;
     return true;
   };
+  Stage<T, S> stage;
+  stage.kind = Stage<T, S>::Kind::exchange;
+  stage.group = group;
   const auto n = static_cast<std::size_t>(peers);
-  std::vector<int> send_counts(n, 0), send_displs(n, 0), recv_counts(n, 0), recv_displs(n, 0);
-  BlockLists send;
-  BlockLists recv;
+  stage.send_counts.assign(n, 0);
+  stage.send_displs.assign(n, 0);
+  stage.recv_counts.assign(n, 0);
+  stage.recv_displs.assign(n, 0);
+  // One list per peer and side, to see whether each peer's block is one contiguous run of
+  // the shard (then MPI reads or writes the shard itself, with no pack or unpack).
+  std::vector<MoveList> packs(n);
+  std::vector<MoveList> unpacks(n);
   index_t sent = 0;
   index_t received = 0;
   for (int t = 0; t < peers; ++t) {
     const auto p = static_cast<std::size_t>(t);
-    send_displs[p] = mpi_count(sent, "kshard::redistribute");
-    recv_displs[p] = mpi_count(received, "kshard::redistribute");
+    stage.send_displs[p] = mpi_count(sent);
+    stage.recv_displs[p] = mpi_count(received);
     if (t == self) continue;
     const std::array<int, NS> t_src = src_coords(t);
     if (!agrees(t_src)) continue;
@@ -155,43 +166,59 @@ void exchange(const ShardView<T, S>& in, const Geometry<NS>& src, const ShardVie
     if (wants(t_dst)) {
       const LayoutMapping<NT> theirs = dst.at(t_dst);
       const index_t k =
-          send.add(overlaps(mine.rows, theirs.rows), overlaps(mine.cols, theirs.cols), true, sent);
-      send_counts[p] = mpi_count(k, "kshard::redistribute");
+          packs[p].add_block(overlaps(mine.rows, theirs.rows), overlaps(mine.cols, theirs.cols), 0,
+                             from_shard, buffer_end(sent));
+      stage.send_counts[p] = mpi_count(k);
       sent += k;
     }
     if (i_want) {
       const LayoutMapping<NS> from = src.at(t_src);
       const index_t k =
-          recv.add(overlaps(from.rows, need.rows), overlaps(from.cols, need.cols), false, received);
-      recv_counts[p] = mpi_count(k, "kshard::redistribute");
+          unpacks[p].add_block(overlaps(from.rows, need.rows), overlaps(from.cols, need.cols), 0,
+                               buffer_end(received), to_shard);
+      stage.recv_counts[p] = mpi_count(k);
       received += k;
     }
   }
-  if (i_want) copy_held<ExecSpace>(in, mine, out, need);  // what this rank already holds
-  Kokkos::View<T*, S> send_buffer(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::send"),
-      static_cast<std::size_t>(sent));
-  Kokkos::View<T*, S> recv_buffer(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::recv"),
-      static_cast<std::size_t>(received));
-  pack_blocks<ExecSpace>(in, send, send_buffer);
-  with_mpi_access(ExecSpace(), send_buffer, true, false, [&](const T* s) {
-    with_mpi_access(ExecSpace(), recv_buffer, false, true, [&](T* r) {
-      alltoallv(s, send_counts.data(), send_displs.data(), r, recv_counts.data(),
-                recv_displs.data(), comm);
-    });
-  });
-  unpack_blocks<ExecSpace>(recv_buffer, recv, out);
+  const auto contiguous = [](const std::vector<MoveList>& lists) {
+    for (const MoveList& list : lists)
+      if (list.moves().size() > 1) return false;
+    return true;
+  };
+  stage.send_in_place = contiguous(packs);
+  stage.in_place = contiguous(unpacks);
+  MoveList pack;
+  MoveList unpack;
+  for (std::size_t p = 0; p < n; ++p) {
+    if (stage.send_in_place) {
+      if (!packs[p].empty()) stage.send_displs[p] = mpi_count(packs[p].moves()[0].from);
+    } else {
+      pack.append(packs[p]);
+    }
+    if (stage.in_place) {
+      if (!unpacks[p].empty()) stage.recv_displs[p] = mpi_count(unpacks[p].moves()[0].to);
+    } else {
+      unpack.append(unpacks[p]);
+    }
+  }
+  if (i_want)  // what this rank already holds: a local copy in the unpack kernel
+    unpack.add_block(overlaps(mine.rows, need.rows), overlaps(mine.cols, need.cols), 1, from_shard,
+                     to_shard);
+  stage.pack = DeviceMoves<S>(space, pack);
+  stage.unpack = DeviceMoves<S>(space, unpack);
+  if (!stage.send_in_place) stage.send = message_buffer<T, S>(sent, "kshard::redistribute::send");
+  if (!stage.in_place) stage.recv = message_buffer<T, S>(received, "kshard::redistribute::recv");
+  return stage;
 }
 
-// Runs one single-mesh-dimension step (or the whole-mesh exchange) from `in` (this rank's
-// shard in step.before) to `out` (its shard in step.after).
-template <class ExecSpace, class T, class S, std::size_t N>
-void run_step(const Mesh<N>& mesh, const Step<N>& step, const std::array<bool, N>& zero_dims,
-              const ShardView<T, S>& in, const ShardView<T, S>& out) {
+// Compiles one single-mesh-dimension step (or the whole-mesh exchange) from this rank's shard in
+// step.before to its shard in step.after.
+template <class T, class S, class Space, std::size_t N>
+Stage<T, S> compile_step(const Space& space, const Mesh<N>& mesh, const Step<N>& step,
+                         const std::array<bool, N>& zero_dims) {
+  using Kind = typename Stage<T, S>::Kind;
   const std::size_t m = step.dim;
   const int extent = mesh.extent(m);
-  const int self = mesh.coords()[m];
   auto member = [&](int k) {
     std::array<int, N> c = mesh.coords();
     c[m] = k;
@@ -199,84 +226,72 @@ void run_step(const Mesh<N>& mesh, const Step<N>& step, const std::array<bool, N
   };
   const LayoutMapping<N> mine = step.before.at(mesh.coords());
   const LayoutMapping<N> need = step.after.at(mesh.coords());
+  const MoveEnd from_shard = shard_end(true, mine.cols.local_extent());
+  const MoveEnd to_shard = shard_end(false, need.cols.local_extent());
   const auto k_count = static_cast<std::size_t>(extent);
+  Stage<T, S> stage;
+  stage.group = mesh.dim_group(m);
+  stage.op = step.op;
   switch (step.kind) {
-    case StepKind::allreduce: {
-      Kokkos::deep_copy(out, in);
-      const int count = mpi_count(need.local_size(), "kshard::redistribute");
-      with_mpi_access(ExecSpace(), out, true, true,
-                      [&](T* data) { allreduce(data, count, mpi_op(step.op), mesh.dim_comm(m)); });
-      if (step.op == ReduceOp::avg) divide_all<ExecSpace>(out, extent);
-      return;
-    }
+    case StepKind::allreduce:
+      stage.kind = Kind::allreduce;
+      stage.divide = step.op == ReduceOp::avg ? extent : 0;
+      return stage;
     case StepKind::reduce_scatter: {
-      std::vector<int> counts(k_count, 0);
-      BlockLists lists;
+      stage.kind = Kind::reduce_scatter;
+      stage.divide = step.op == ReduceOp::avg ? extent : 0;
+      stage.recv_counts.assign(k_count, 0);
+      MoveList pack;
       index_t total = 0;
       for (int k = 0; k < extent; ++k) {
         const LayoutMapping<N> theirs = step.after.at(member(k));
-        const index_t n = lists.add(overlaps(mine.rows, theirs.rows),
-                                    overlaps(mine.cols, theirs.cols), true, total);
-        counts[static_cast<std::size_t>(k)] = mpi_count(n, "kshard::redistribute");
+        const index_t n =
+            pack.add_block(overlaps(mine.rows, theirs.rows), overlaps(mine.cols, theirs.cols), 0,
+                           from_shard, buffer_end(total));
+        stage.recv_counts[static_cast<std::size_t>(k)] = mpi_count(n);
         total += n;
       }
-      Kokkos::View<T*, S> buffer(
-          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::send"),
-          static_cast<std::size_t>(total));
-      pack_blocks<ExecSpace>(in, lists, buffer);
-      with_mpi_access(ExecSpace(), buffer, true, false, [&](const T* s) {
-        with_mpi_access(ExecSpace(), out, false, true, [&](T* r) {
-          reduce_scatter(s, r, counts.data(), mpi_op(step.op), mesh.dim_comm(m));
-        });
-      });
-      if (step.op == ReduceOp::avg) divide_all<ExecSpace>(out, extent);
-      return;
+      stage.pack = DeviceMoves<S>(space, pack);
+      stage.send = message_buffer<T, S>(total, "kshard::redistribute::send");
+      return stage;
     }
     case StepKind::allgather: {
-      std::vector<int> counts(k_count, 0);
-      std::vector<int> displs(k_count, 0);
-      BlockLists lists;
+      stage.kind = Kind::allgather;
+      stage.recv_counts.assign(k_count, 0);
+      stage.recv_displs.assign(k_count, 0);
+      MoveList unpack;
       index_t total = 0;
       for (int k = 0; k < extent; ++k) {
         const LayoutMapping<N> theirs = step.before.at(member(k));
         const auto p = static_cast<std::size_t>(k);
-        displs[p] = mpi_count(total, "kshard::redistribute");
-        counts[p] = mpi_count(theirs.local_size(), "kshard::redistribute");
+        stage.recv_displs[p] = mpi_count(total);
+        stage.recv_counts[p] = mpi_count(theirs.local_size());
         // Every element the member holds is needed here, in its local (= global) order.
-        lists.add(overlaps(theirs.rows, need.rows), overlaps(theirs.cols, need.cols), false, total);
+        unpack.add_block(overlaps(theirs.rows, need.rows), overlaps(theirs.cols, need.cols), 0,
+                         buffer_end(total), to_shard);
         total += theirs.local_size();
       }
-      const int mine_count = counts[static_cast<std::size_t>(self)];
-      if (total == static_cast<index_t>(out.size()) &&
-          lands_in_place(lists, static_cast<index_t>(out.extent(1)))) {
-        // Plain row shards of full width (Shard<0> -> Replicate): each member's block is
-        // already where it belongs in `out`, so MPI receives straight into it.
-        with_mpi_access(ExecSpace(), in, true, false, [&](const T* s) {
-          with_mpi_access(ExecSpace(), out, false, true, [&](T* r) {
-            allgatherv(s, mine_count, r, counts.data(), displs.data(), mesh.dim_comm(m));
-          });
-        });
-        return;
+      // Plain row shards of full width (Shard<0> -> Replicate): each member's block is already
+      // where it belongs in the output, so MPI receives straight into it.
+      stage.in_place = total == need.local_size() && unpack.is_identity(total);
+      if (!stage.in_place) {
+        stage.unpack = DeviceMoves<S>(space, unpack);
+        stage.recv = message_buffer<T, S>(total, "kshard::redistribute::recv");
       }
-      Kokkos::View<T*, S> buffer(
-          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::recv"),
-          static_cast<std::size_t>(mpi_count(total, "kshard::redistribute")));
-      with_mpi_access(ExecSpace(), in, true, false, [&](const T* s) {
-        with_mpi_access(ExecSpace(), buffer, false, true, [&](T* r) {
-          allgatherv(s, mine_count, r, counts.data(), displs.data(), mesh.dim_comm(m));
-        });
-      });
-      unpack_blocks<ExecSpace>(buffer, lists, out);
-      return;
+      return stage;
     }
-    case StepKind::slice:
-      copy_held<ExecSpace>(in, mine, out, need);
-      return;
+    case StepKind::slice: {
+      stage.kind = Kind::local;
+      MoveList copy;
+      copy.add_block(overlaps(mine.rows, need.rows), overlaps(mine.cols, need.cols), 1, from_shard,
+                     to_shard);
+      stage.unpack = DeviceMoves<S>(space, copy);
+      return stage;
+    }
     case StepKind::exchange_dim: {
       auto all = [](const std::array<int, N>&) { return true; };
-      exchange<ExecSpace>(in, step.before, out, step.after, extent, self, member, member, all,
-                          mesh.dim_comm(m));
-      return;
+      return compile_exchange<T, S>(space, step.before, step.after, extent, mesh.coords()[m],
+                                    member, member, all, mesh.dim_group(m));
     }
     case StepKind::exchange_all: {
       auto coords = [&](int r) { return mesh.coords_of(r); };
@@ -285,35 +300,82 @@ void run_step(const Mesh<N>& mesh, const Step<N>& step, const std::array<bool, N
           if (zero_dims[j] && c[j] != 0) return false;
         return true;
       };
-      exchange<ExecSpace>(in, step.before, out, step.after, mesh.size(), mesh.my_rank(), coords,
-                          coords, wants, mesh.comm());
+      return compile_exchange<T, S>(space, step.before, step.after, mesh.size(), mesh.my_rank(),
+                                    coords, coords, wants, mesh.group());
+    }
+  }
+  return stage;
+}
+
+// Runs one compiled stage on `space`, from `in` to `out`: kernels on the instance, MPI only on
+// buffers that instance finished writing (with_mpi_access fences it).
+template <class Space, class T, class S>
+void run_stage(const Space& space, const Stage<T, S>& stage, const ShardView<T, S>& in,
+               const ShardView<T, S>& out) {
+  using Kind = typename Stage<T, S>::Kind;
+  switch (stage.kind) {
+    case Kind::copy:
+      Kokkos::deep_copy(space, out, in);
+      return;
+    case Kind::local:
+      run_moves(space, stage.unpack, out.data(), static_cast<const T*>(nullptr), in.data());
+      return;
+    case Kind::allreduce:
+      if constexpr (reducible_v<T>) {
+        Kokkos::deep_copy(space, out, in);
+        stage.group.allreduce(space, out, stage.op);
+      }
+      break;
+    case Kind::reduce_scatter:
+      if constexpr (reducible_v<T>) {
+        run_moves(space, stage.pack, stage.send.data(), in.data(), static_cast<const T*>(nullptr));
+        stage.group.reduce_scatter(space, stage.send, out, stage.recv_counts.data(), stage.op);
+      }
+      break;
+    case Kind::allgather:
+      if (stage.in_place) {
+        stage.group.allgatherv(space, in, out, stage.recv_counts.data(), stage.recv_displs.data());
+        return;
+      }
+      stage.group.allgatherv(space, in, stage.recv, stage.recv_counts.data(),
+                             stage.recv_displs.data());
+      run_moves(space, stage.unpack, out.data(), static_cast<const T*>(stage.recv.data()),
+                static_cast<const T*>(nullptr));
+      return;
+    case Kind::exchange: {
+      // Every element of the output is received or kept, so the kept ones are copied after
+      // MPI wrote the output (a staged receive writes the whole view back).
+      const auto exchange = [&](const auto& send, const auto& recv) {
+        stage.group.alltoallv(space, send, stage.send_counts.data(), stage.send_displs.data(), recv,
+                              stage.recv_counts.data(), stage.recv_displs.data());
+      };
+      const auto exchange_into = [&](const auto& send) {
+        if (stage.in_place)
+          exchange(send, out);
+        else
+          exchange(send, stage.recv);
+      };
+      if (stage.send_in_place) {
+        exchange_into(in);
+      } else {
+        run_moves(space, stage.pack, stage.send.data(), in.data(), static_cast<const T*>(nullptr));
+        exchange_into(stage.send);
+      }
+      run_moves(space, stage.unpack, out.data(), static_cast<const T*>(stage.recv.data()),
+                in.data());
       return;
     }
   }
+  if constexpr (reducible_v<T>)
+    if (stage.divide > 1)
+      divide_all(space, out.data(), static_cast<index_t>(out.size()), stage.divide);
 }
 
-// Runs the plan's steps from `source` into `result` (this rank's shard of the target), then
-// zeroes the addends a created Partial<sum> leaves empty.
-template <class ExecSpace, class T, class S, std::size_t N>
-void run_plan(const Mesh<N>& mesh, const Plan<N>& plan, const ShardView<T, S>& source,
-              const ShardView<T, S>& result, bool last_is_result) {
-  ShardView<T, S> cur = source;
-  for (std::size_t i = 0; i < plan.steps.size(); ++i) {
-    const Step<N>& step = plan.steps[i];
-    ShardView<T, S> out;
-    if (last_is_result && i + 1 == plan.steps.size()) {
-      out = result;
-    } else {
-      const LayoutMapping<N> next = step.after.at(mesh.coords());
-      out = ShardView<T, S>(
-          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::step"),
-          static_cast<std::size_t>(next.rows.local_extent()),
-          static_cast<std::size_t>(next.cols.local_extent()));
-    }
-    run_step<ExecSpace>(mesh, step, plan.zero_dims, cur, out);
-    cur = out;
-  }
-  if (last_is_result && plan.steps.empty()) Kokkos::deep_copy(result, source);
+template <std::size_t N>
+bool holds_zeros(const std::array<bool, N>& zero_dims, const std::array<int, N>& coords) {
+  for (std::size_t m = 0; m < N; ++m)
+    if (zero_dims[m] && coords[m] != 0) return true;
+  return false;
 }
 
 // A matrix whose shard is allocated without a fill: redistribute writes every element of it
@@ -329,85 +391,15 @@ DistMatrix<T, LT, E, S> uninitialized_matrix(const Mesh<N>& mesh, const LT& layo
   return DistMatrix<T, LT, E, S>(mesh, layout, rows, cols, local);
 }
 
-template <std::size_t N>
-bool holds_zeros(const std::array<bool, N>& zero_dims, const std::array<int, N>& coords) {
-  for (std::size_t m = 0; m < N; ++m)
-    if (zero_dims[m] && coords[m] != 0) return true;
-  return false;
-}
-
-// A move on the matrix's own mesh: per-dimension steps (or one whole-mesh exchange). Planning
-// throws the same error on every rank (it reads global data only).
-template <std::size_t N>
-struct SameMeshMove {
-  Plan<N> plan;
-
-  template <class T, class L, class E, class S, class LT>
-  SameMeshMove(const DistMatrix<T, L, E, S>& matrix, const LT& target_layout) {
-    const Geometry<N> source{matrix.layout().actions(), matrix.mesh().shape(), matrix.rows(),
-                             matrix.cols()};
-    plan = plan_same_mesh(source, partial_ops<L>(), target_layout.actions(), partial_ops<LT>());
-  }
-
-  // Writes this rank's shard of the target into `result` (every element).
-  template <class E, class T, class S>
-  void run(const Mesh<N>& mesh, const ShardView<T, S>& source,
-           const ShardView<T, S>& result) const {
-    run_plan<E>(mesh, plan, source, result, true);
-    if (holds_zeros(plan.zero_dims, mesh.coords())) Kokkos::deep_copy(result, T{});
-  }
-};
-
-// A move onto another mesh over the same communicator: pending reductions resolved on the
-// source mesh, then one exact all-to-all(v) over the communicator.
-template <std::size_t N, std::size_t NT>
-struct CrossMeshMove {
-  Plan<N> resolve;
-  Geometry<N> source;
-  Geometry<NT> goal;
-  std::array<bool, NT> zero_dims{};
-
-  template <class T, class L, class E, class S, class LT>
-  CrossMeshMove(const DistMatrix<T, L, E, S>& matrix, const Mesh<NT>& target_mesh,
-                const LT& target_layout)
-      : source{matrix.layout().actions(), matrix.mesh().shape(), matrix.rows(), matrix.cols()},
-        goal{target_layout.actions(), target_mesh.shape(), matrix.rows(), matrix.cols()} {
-    resolve = plan_resolve_partials(source, partial_ops<L>());
-    for (std::size_t m = 0; m < N; ++m)
-      if (source.actions[m].kind == PlacementKind::partial) source.actions[m] = replicate_action();
-    for (std::size_t m = 0; m < NT; ++m) {
-      if (goal.actions[m].kind != PlacementKind::partial) continue;
-      zero_dims[m] = LT::partial_op(m) == ReduceOp::sum && goal.shape[m] > 1;
-      goal.actions[m] = replicate_action();
-    }
-    check_message_size(std::max(source.max_local_size(), goal.max_local_size()), "redistribute");
-  }
-
-  template <class E, class T, class S>
-  void run(const Mesh<N>& mesh, const Mesh<NT>& target_mesh, const ShardView<T, S>& local,
-           const ShardView<T, S>& result) const {
-    ShardView<T, S> resolved = local;
-    if (!resolve.steps.empty()) {
-      const auto shard = source.at(mesh.coords());
-      resolved = ShardView<T, S>(
-          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::resolved"),
-          static_cast<std::size_t>(shard.rows.local_extent()),
-          static_cast<std::size_t>(shard.cols.local_extent()));
-      run_plan<E>(mesh, resolve, local, resolved, true);
-    }
-    auto src_coords = [&](int r) { return mesh.coords_of(r); };
-    auto dst_coords = [&](int r) { return target_mesh.coords_of(r); };
-    auto wants = [&](const std::array<int, NT>& c) { return !holds_zeros(zero_dims, c); };
-    exchange<E>(resolved, source, result, goal, mesh.size(), mesh.my_rank(), src_coords, dst_coords,
-                wants, mesh.comm());
-    if (holds_zeros(zero_dims, target_mesh.coords())) Kokkos::deep_copy(result, T{});
-  }
+// Only the plan functions construct plans.
+struct PlanKey {
+  explicit PlanKey() = default;
 };
 
 template <std::size_t N, std::size_t NT>
 std::optional<std::string> check_same_communicator(const Mesh<N>& mesh, const Mesh<NT>& target,
                                                    const char* what) {
-  if (congruent(mesh.comm(), target.comm())) return std::nullopt;
+  if (mesh.group().same_ranks_as(target.group())) return std::nullopt;
   return fmt::format(
       "kshard::redistribute: the target {} ({} ranks) is over a different communicator than the "
       "matrix's mesh ({} ranks); both must hold the same processes in the same order",
@@ -415,6 +407,310 @@ std::optional<std::string> check_same_communicator(const Mesh<N>& mesh, const Me
 }
 
 }  // namespace detail
+
+/// A redistribution planned once and applied any number of times (heFFTe's reshape plans,
+/// Cabana's Distributor): made by `plan_redistribute` (collective: it agrees on its arguments
+/// the way `redistribute` does), it holds the steps, the pack and unpack index lists (already in
+/// `MemSpace`), the counts of every collective and the message buffers, so that `apply` only
+/// packs, communicates and unpacks: one pack and one unpack kernel per step.
+///
+/// `apply(space, matrix, target)` moves `matrix` (the plan's source mesh, shape and layout) into
+/// `target` (the plan's target mesh, shape and layout): exactly what `redistribute_into` would
+/// write, with the same messages and `comm_stats()` counts. Collective over the mesh, like the
+/// collectives it runs. Every kernel and copy runs on `space`, and MPI sees a buffer only after
+/// `space` is fenced; the caller makes sure `matrix` is ready for `space` (written on it, or
+/// fenced) and fences `space` before reading `target` elsewhere. A plan's buffers are shared by
+/// its applies: do not run two at once, and fence the instance of one apply before the next
+/// runs on another instance.
+///
+/// Checks (local, no communication, a few integer comparisons per call): the matrix and target
+/// are on the plan's meshes (the same `Mesh` object or a copy of it, not another mesh over the
+/// same ranks), of the plan's global shape and layouts (split factors included), contiguous,
+/// and do not share memory; otherwise `apply` throws a `kshard::error` naming what differs,
+/// with nothing changed. Shapes and layouts of a `DistMatrix` are agreed when it is made, so
+/// when every rank passes the same matrices the outcome is the same on every rank; passing
+/// different matrices on different ranks is a documented precondition, unchecked (agreeing on
+/// it would add an all-reduce to every call, as much as the whole move of a small matrix costs):
+/// the ranks that pass the check would wait in the move, which the collective watchdog
+/// (`KSHARD_COLLECTIVE_TIMEOUT`) reports.
+template <class T, class L, class LT, class ExecSpace, class MemSpace>
+class RedistributePlan {
+ public:
+  static constexpr std::size_t source_rank = L::rank;          ///< rank of the source mesh
+  static constexpr std::size_t target_rank = LT::rank;         ///< rank of the target mesh
+  using source_type = DistMatrix<T, L, ExecSpace, MemSpace>;   ///< the matrices it moves
+  using target_type = DistMatrix<T, LT, ExecSpace, MemSpace>;  ///< the matrices it fills
+
+  /// Use `plan_redistribute`. The index lists are copied to `MemSpace` on `space`.
+  template <class Space>
+  RedistributePlan(detail::PlanKey, const Space& space, const source_type& matrix,
+                   const Mesh<target_rank>& target_mesh, const LT& target_layout, bool same_mesh)
+      : mesh_(matrix.mesh()),
+        target_mesh_(target_mesh),
+        layout_(matrix.layout()),
+        target_layout_(target_layout),
+        rows_(matrix.rows()),
+        cols_(matrix.cols()) {
+    constexpr std::size_t N = source_rank;
+    constexpr std::size_t NT = target_rank;
+    const detail::Geometry<N> source{layout_.actions(), mesh_.shape(), rows_, cols_};
+    if constexpr (N == NT) {
+      if (same_mesh) {
+        const detail::Plan<N> plan = detail::plan_same_mesh(
+            source, detail::partial_ops<L>(), target_layout_.actions(), detail::partial_ops<LT>());
+        for (const detail::Step<N>& step : plan.steps)
+          add_stage(detail::compile_step<T, MemSpace>(space, mesh_, step, plan.zero_dims),
+                    step.after.at(mesh_.coords()));
+        if (plan.steps.empty()) {
+          detail::Stage<T, MemSpace> copy;
+          copy.kind = detail::Stage<T, MemSpace>::Kind::copy;
+          add_stage(std::move(copy), source.at(mesh_.coords()));
+        }
+        zero_result_ = detail::holds_zeros(plan.zero_dims, mesh_.coords());
+        finish();
+        return;
+      }
+    }
+    // Another mesh: pending reductions resolved on the source mesh, then one exact
+    // all-to-all(v) over the communicator.
+    detail::Geometry<N> flat = source;
+    detail::Geometry<NT> goal{target_layout_.actions(), target_mesh_.shape(), rows_, cols_};
+    std::array<bool, NT> zero_dims{};
+    const detail::Plan<N> resolve = detail::plan_resolve_partials(source, detail::partial_ops<L>());
+    for (std::size_t m = 0; m < N; ++m)
+      if (flat.actions[m].kind == PlacementKind::partial)
+        flat.actions[m] = detail::replicate_action();
+    for (std::size_t m = 0; m < NT; ++m) {
+      if (goal.actions[m].kind != PlacementKind::partial) continue;
+      zero_dims[m] = LT::partial_op(m) == ReduceOp::sum && goal.shape[m] > 1;
+      goal.actions[m] = detail::replicate_action();
+    }
+    detail::check_message_size(std::max(flat.max_local_size(), goal.max_local_size()),
+                               "redistribute");
+    for (const detail::Step<N>& step : resolve.steps)
+      add_stage(detail::compile_step<T, MemSpace>(space, mesh_, step, resolve.zero_dims),
+                flat.at(mesh_.coords()));
+    const Mesh<N>& mesh = mesh_;
+    const Mesh<NT>& target = target_mesh_;
+    auto src_coords = [&](int r) { return mesh.coords_of(r); };
+    auto dst_coords = [&](int r) { return target.coords_of(r); };
+    auto wants = [&](const std::array<int, NT>& c) { return !detail::holds_zeros(zero_dims, c); };
+    add_stage(detail::compile_exchange<T, MemSpace>(space, flat, goal, mesh.size(), mesh.my_rank(),
+                                                    src_coords, dst_coords, wants, mesh.group()),
+              goal.at(target.coords()));
+    zero_result_ = detail::holds_zeros(zero_dims, target.coords());
+    finish();
+  }
+
+  /// Moves `matrix` into `target` on `space` (see the class comment). Throws a `kshard::error`,
+  /// changing nothing, when either is not what the plan was made for.
+  template <class Space>
+  requires Kokkos::is_execution_space<Space>::value void apply(const Space& space,
+                                                               const source_type& matrix,
+                                                               const target_type& target) {
+    static_assert(Kokkos::SpaceAccessibility<Space, MemSpace>::accessible,
+                  "kshard::RedistributePlan::apply: the execution space cannot access the "
+                  "matrices' memory space");
+    if (auto problem = mismatch(matrix, target)) throw error(*problem);
+    const detail::Operation operation("redistribute");
+    const auto shard = [&](int index) -> detail::ShardView<T, MemSpace> {
+      return index < 0 ? target.local() : intermediates_[static_cast<std::size_t>(index)];
+    };
+    for (const auto& stage : stages_)
+      detail::run_stage(space, stage, stage.in < 0 ? matrix.local() : shard(stage.in),
+                        shard(stage.out));
+    if (zero_result_) Kokkos::deep_copy(space, target.local(), T{});
+  }
+
+  /// `apply` on the matrices' default execution-space instance.
+  void apply(const source_type& matrix, const target_type& target) {
+    apply(ExecSpace(), matrix, target);
+  }
+
+  /// A new target matrix for this plan, allocated without a fill (every element is written by
+  /// `apply`). Collective over the target mesh.
+  [[nodiscard]] target_type make_target() const {
+    return detail::uninitialized_matrix<T, ExecSpace, MemSpace>(target_mesh_, target_layout_, rows_,
+                                                                cols_);
+  }
+
+  /// The mesh of the matrices the plan moves.
+  [[nodiscard]] const Mesh<source_rank>& source_mesh() const { return mesh_; }
+  /// The mesh of the matrices it fills.
+  [[nodiscard]] const Mesh<target_rank>& target_mesh() const { return target_mesh_; }
+  /// The layout of the matrices it moves.
+  [[nodiscard]] const L& source_layout() const { return layout_; }
+  /// The layout of the matrices it fills.
+  [[nodiscard]] const LT& target_layout() const { return target_layout_; }
+  /// Global number of rows.
+  [[nodiscard]] index_t rows() const { return rows_; }
+  /// Global number of columns.
+  [[nodiscard]] index_t cols() const { return cols_; }
+  /// Number of steps (collectives or local copies) one `apply` runs.
+  [[nodiscard]] std::size_t steps() const { return stages_.size(); }
+
+ private:
+  // Appends a stage writing a new intermediate shard of `after`'s extents.
+  template <std::size_t M>
+  void add_stage(detail::Stage<T, MemSpace> stage, const LayoutMapping<M>& after) {
+    stage.in = stages_.empty() ? -1 : stages_.back().out;
+    stage.out = static_cast<int>(intermediates_.size());
+    intermediates_.emplace_back(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::step"),
+        static_cast<std::size_t>(after.rows.local_extent()),
+        static_cast<std::size_t>(after.cols.local_extent()));
+    stages_.push_back(std::move(stage));
+  }
+
+  // The last stage writes the target itself: its intermediate is not needed.
+  void finish() {
+    stages_.back().out = -1;
+    intermediates_.pop_back();
+  }
+
+  std::optional<std::string> mismatch(const source_type& matrix, const target_type& target) const {
+    constexpr const char* who = "kshard::RedistributePlan::apply";
+    const auto check = [&](const auto& m, const auto& mesh, const auto& layout,
+                           const char* role) -> std::optional<std::string> {
+      if (!(m.mesh() == mesh))
+        return fmt::format(
+            "{}: the {} is on another mesh than the plan's (the same Mesh object or a copy of "
+            "it is needed, not another mesh over the same ranks)",
+            who, role);
+      if (m.rows() != rows_ || m.cols() != cols_)
+        return fmt::format("{}: the {} is {} x {} but the plan was made for {} x {}", who, role,
+                           m.rows(), m.cols(), rows_, cols_);
+      if (!(m.layout() == layout))
+        return fmt::format("{}: the {}'s layout is {} but the plan was made for {}", who, role,
+                           m.layout(), layout);
+      if (!m.local().span_is_contiguous())
+        return fmt::format("{}: on rank {} the {}'s shard is not contiguous", who, mesh_.my_rank(),
+                           role);
+      return std::nullopt;
+    };
+    if (auto problem = check(matrix, mesh_, layout_, "matrix")) return problem;
+    if (auto problem = check(target, target_mesh_, target_layout_, "target")) return problem;
+    const T* in = matrix.local().data();
+    const T* out = target.local().data();
+    if (matrix.local().size() > 0 && target.local().size() > 0 &&
+        in < out + target.local().size() && out < in + matrix.local().size())
+      return fmt::format(
+          "{}: on rank {} the target's shard shares memory with the matrix's; redistribute into "
+          "separate storage",
+          who, mesh_.my_rank());
+    return std::nullopt;
+  }
+
+  Mesh<source_rank> mesh_;
+  Mesh<target_rank> target_mesh_;
+  L layout_;
+  LT target_layout_;
+  index_t rows_ = 0;
+  index_t cols_ = 0;
+  std::vector<detail::Stage<T, MemSpace>> stages_;
+  std::vector<detail::ShardView<T, MemSpace>> intermediates_;
+  bool zero_result_ = false;
+};
+
+namespace detail {
+
+// The checks of redistribute_into and of plan_redistribute(matrix, target), settled in one
+// agreement; `who` names the entry point in messages.
+template <class T, class L, class LT, class E, class S>
+void agree_into(const DistMatrix<T, L, E, S>& matrix, const DistMatrix<T, LT, E, S>& target,
+                const char* who) {
+  const auto& mesh = matrix.mesh();
+  std::optional<std::string> problem;
+  const T* in = matrix.local().data();
+  const T* out = target.local().data();
+  if (target.rows() != matrix.rows() || target.cols() != matrix.cols())
+    problem = fmt::format("kshard::{}: the target is {} x {} but the matrix is {} x {}", who,
+                          target.rows(), target.cols(), matrix.rows(), matrix.cols());
+  else if (matrix.local().size() > 0 && target.local().size() > 0 &&
+           in < out + target.local().size() && out < in + matrix.local().size())
+    problem = fmt::format(
+        "kshard::{}: on rank {} the target's shard shares memory with the matrix's; redistribute "
+        "into separate storage",
+        who, mesh.my_rank());
+  else
+    problem = check_same_communicator(mesh, target.mesh(), "matrix's mesh");
+  // The target's shape is checked against the agreed matrix's on each rank, its layout and
+  // mesh are agreed on: together, the whole target.
+  redistribute_agreement(matrix, target.mesh(), target.layout()).problem(problem).settle();
+}
+
+}  // namespace detail
+
+/// Plans moving matrices like `matrix` to `target_layout` on the same mesh, for
+/// `RedistributePlan::apply`. Collective over the mesh, with the agreement and errors of
+/// `redistribute(matrix, target_layout)`; allocates the plan's buffers and copies its index
+/// lists to the matrix's memory on `space` (fenced there).
+template <class ExecSpace, class LT, class T, class L, class E, class S>
+requires Kokkos::is_execution_space<ExecSpace>::value && is_layout_v<LT>
+[[nodiscard]] RedistributePlan<T, L, LT, E, S> plan_redistribute(
+    const ExecSpace& space, const DistMatrix<T, L, E, S>& matrix, const LT& target_layout) {
+  detail::check_redistribute_types<T, L, LT, L::rank>();
+  const detail::Operation operation("plan_redistribute");
+  detail::redistribute_agreement(matrix, matrix.mesh(), target_layout).settle();
+  return RedistributePlan<T, L, LT, E, S>(detail::PlanKey{}, space, matrix, matrix.mesh(),
+                                          target_layout, true);
+}
+
+/// `plan_redistribute(space, matrix, target_layout)` on a default instance of `E`.
+template <class LT, class T, class L, class E, class S>
+requires is_layout_v<LT>
+[[nodiscard]] RedistributePlan<T, L, LT, E, S> plan_redistribute(
+    const DistMatrix<T, L, E, S>& matrix, const LT& target_layout) {
+  return plan_redistribute(E(), matrix, target_layout);
+}
+
+/// Plans moving matrices like `matrix` to `target_layout` on `target_mesh` (over the same
+/// communicator), with the agreement and errors of `redistribute(matrix, target_mesh,
+/// target_layout)`. Collective over both meshes.
+template <class ExecSpace, class LT, class T, class L, class E, class S, std::size_t NT>
+requires Kokkos::is_execution_space<ExecSpace>::value && is_layout_v<LT>
+[[nodiscard]] RedistributePlan<T, L, LT, E, S> plan_redistribute(
+    const ExecSpace& space, const DistMatrix<T, L, E, S>& matrix, const Mesh<NT>& target_mesh,
+    const LT& target_layout) {
+  detail::check_redistribute_types<T, L, LT, NT>();
+  const detail::Operation operation("plan_redistribute");
+  detail::redistribute_agreement(matrix, target_mesh, target_layout)
+      .problem(detail::check_same_communicator(matrix.mesh(), target_mesh, "mesh"))
+      .settle();
+  return RedistributePlan<T, L, LT, E, S>(detail::PlanKey{}, space, matrix, target_mesh,
+                                          target_layout, false);
+}
+
+/// `plan_redistribute(space, matrix, target_mesh, target_layout)` on a default instance of `E`.
+template <class LT, class T, class L, class E, class S, std::size_t NT>
+requires is_layout_v<LT>
+[[nodiscard]] RedistributePlan<T, L, LT, E, S> plan_redistribute(
+    const DistMatrix<T, L, E, S>& matrix, const Mesh<NT>& target_mesh, const LT& target_layout) {
+  return plan_redistribute(E(), matrix, target_mesh, target_layout);
+}
+
+/// Plans moving matrices like `matrix` into matrices like `target` (its mesh, shape and
+/// layout), with the agreement and errors of `redistribute_into(matrix, target)`: on the same
+/// mesh when the two meshes have the same shape, otherwise as a mesh change. Collective.
+template <class ExecSpace, class T, class L, class LT, class E, class S>
+requires Kokkos::is_execution_space<ExecSpace>::value [[nodiscard]] RedistributePlan<T, L, LT, E, S>
+plan_redistribute(const ExecSpace& space, const DistMatrix<T, L, E, S>& matrix,
+                  const DistMatrix<T, LT, E, S>& target) {
+  detail::check_redistribute_types<T, L, LT, LT::rank>();
+  const detail::Operation operation("plan_redistribute");
+  detail::agree_into(matrix, target, "plan_redistribute");
+  bool same_mesh = false;
+  if constexpr (L::rank == LT::rank) same_mesh = matrix.mesh().shape() == target.mesh().shape();
+  return RedistributePlan<T, L, LT, E, S>(detail::PlanKey{}, space, matrix, target.mesh(),
+                                          target.layout(), same_mesh);
+}
+
+/// `plan_redistribute(space, matrix, target)` on a default instance of `E`.
+template <class T, class L, class LT, class E, class S>
+[[nodiscard]] RedistributePlan<T, L, LT, E, S> plan_redistribute(
+    const DistMatrix<T, L, E, S>& matrix, const DistMatrix<T, LT, E, S>& target) {
+  return plan_redistribute(E(), matrix, target);
+}
 
 /// The same matrix in `target_layout` on the same mesh: a new `DistMatrix` (its own storage).
 /// Collective over the mesh. Each mesh dimension that changes uses the cheapest collective on
@@ -431,19 +727,27 @@ std::optional<std::string> check_same_communicator(const Mesh<N>& mesh, const Me
 /// target split factor < 1, a matrix or target layout that differs between ranks (type,
 /// placements, split factors), a shard too large for one MPI message.
 /// `comm_stats()` counts the data this rank sends; the few bytes of the argument checks are
-/// left out of `bytes_sent`. In a loop, `redistribute_into` reuses the target's storage.
+/// left out of `bytes_sent`. In a loop, `redistribute_into` reuses the target's storage, and a
+/// plan (`plan_redistribute`, then `RedistributePlan::apply`) also skips the planning.
+/// The form with an execution-space instance first runs every kernel and copy on it.
+template <class ExecSpace, class LT, class T, class L, class E, class S>
+requires Kokkos::is_execution_space<ExecSpace>::value [[nodiscard]] DistMatrix<T, LT, E, S>
+redistribute(const ExecSpace& space, const DistMatrix<T, L, E, S>& matrix,
+             const LT& target_layout) {
+  detail::check_redistribute_types<T, L, LT, L::rank>();
+  const detail::Operation operation("redistribute");
+  auto plan = plan_redistribute(space, matrix, target_layout);
+  auto result = plan.make_target();
+  plan.apply(space, matrix, result);
+  return result;
+}
+
+/// `redistribute(space, matrix, target_layout)` on a default instance of `E`.
 template <class LT, class T, class L, class E, class S>
 [[nodiscard]] DistMatrix<T, LT, E, S> redistribute(const DistMatrix<T, L, E, S>& matrix,
                                                    const LT& target_layout) {
   detail::check_redistribute_types<T, L, LT, L::rank>();
-  const detail::Operation operation("redistribute");
-  const auto& mesh = matrix.mesh();
-  detail::redistribute_agreement(matrix, mesh, target_layout).settle();
-  const detail::SameMeshMove<L::rank> move(matrix, target_layout);
-  auto result =
-      detail::uninitialized_matrix<T, E, S>(mesh, target_layout, matrix.rows(), matrix.cols());
-  move.template run<E>(mesh, matrix.local(), result.local());
-  return result;
+  return redistribute(E(), matrix, target_layout);
 }
 
 /// The same matrix on `target_mesh` in `target_layout` (checkpoint resharding: another mesh
@@ -453,21 +757,25 @@ template <class LT, class T, class L, class E, class S>
 /// all-to-all(v) over the communicator sends each rank exactly the elements of its new shard
 /// that it does not hold yet. Errors as for the same-mesh overload, plus meshes over different
 /// communicators, the same `kshard::error` on every rank.
+template <class ExecSpace, class LT, class T, class L, class E, class S, std::size_t NT>
+requires Kokkos::is_execution_space<ExecSpace>::value [[nodiscard]] DistMatrix<T, LT, E, S>
+redistribute(const ExecSpace& space, const DistMatrix<T, L, E, S>& matrix,
+             const Mesh<NT>& target_mesh, const LT& target_layout) {
+  detail::check_redistribute_types<T, L, LT, NT>();
+  const detail::Operation operation("redistribute");
+  auto plan = plan_redistribute(space, matrix, target_mesh, target_layout);
+  auto result = plan.make_target();
+  plan.apply(space, matrix, result);
+  return result;
+}
+
+/// `redistribute(space, matrix, target_mesh, target_layout)` on a default instance of `E`.
 template <class LT, class T, class L, class E, class S, std::size_t NT>
 [[nodiscard]] DistMatrix<T, LT, E, S> redistribute(const DistMatrix<T, L, E, S>& matrix,
                                                    const Mesh<NT>& target_mesh,
                                                    const LT& target_layout) {
   detail::check_redistribute_types<T, L, LT, NT>();
-  const detail::Operation operation("redistribute");
-  const auto& mesh = matrix.mesh();
-  detail::redistribute_agreement(matrix, target_mesh, target_layout)
-      .problem(detail::check_same_communicator(mesh, target_mesh, "mesh"))
-      .settle();
-  const detail::CrossMeshMove<L::rank, NT> move(matrix, target_mesh, target_layout);
-  auto result = detail::uninitialized_matrix<T, E, S>(target_mesh, target_layout, matrix.rows(),
-                                                      matrix.cols());
-  move.template run<E>(mesh, target_mesh, matrix.local(), result.local());
-  return result;
+  return redistribute(E(), matrix, target_mesh, target_layout);
 }
 
 /// Redistributes `matrix` into `target`, an existing matrix of the same global shape whose
@@ -475,55 +783,32 @@ template <class LT, class T, class L, class E, class S, std::size_t NT>
 /// overwritten. The same moves and messages as `redistribute` (on the same mesh when the two
 /// meshes have the same shape, otherwise as a mesh change), without allocating the result:
 /// the form for a loop that unshards into one persistent buffer (FSDP), where a new matrix
-/// per call would also pay for fresh pages.
+/// per call would also pay for fresh pages. It plans on every call; `plan_redistribute` once
+/// and `RedistributePlan::apply` per step skip that. The form with an execution-space instance
+/// first runs every kernel and copy on it.
 ///
 /// Errors (the same `kshard::error` on every rank, nothing written): different global shapes,
 /// meshes over different communicators, shards that share memory on any rank, or a matrix or
 /// target that differs between ranks (element type, shape, layout, mesh shape).
+template <class ExecSpace, class T, class L, class LT, class E, class S>
+requires Kokkos::is_execution_space<ExecSpace>::value void redistribute_into(
+    const ExecSpace& space, const DistMatrix<T, L, E, S>& matrix,
+    const DistMatrix<T, LT, E, S>& target) {
+  detail::check_redistribute_types<T, L, LT, LT::rank>();
+  const detail::Operation operation("redistribute_into");
+  detail::agree_into(matrix, target, "redistribute_into");
+  bool same_mesh = false;
+  if constexpr (L::rank == LT::rank) same_mesh = matrix.mesh().shape() == target.mesh().shape();
+  RedistributePlan<T, L, LT, E, S> plan(detail::PlanKey{}, space, matrix, target.mesh(),
+                                        target.layout(), same_mesh);
+  plan.apply(space, matrix, target);
+}
+
+/// `redistribute_into(space, matrix, target)` on a default instance of `E`.
 template <class T, class L, class LT, class E, class S>
 void redistribute_into(const DistMatrix<T, L, E, S>& matrix,
                        const DistMatrix<T, LT, E, S>& target) {
-  constexpr std::size_t N = L::rank;
-  constexpr std::size_t NT = LT::rank;
-  detail::check_redistribute_types<T, L, LT, NT>();
-  const detail::Operation operation("redistribute_into");
-  const auto& mesh = matrix.mesh();
-  const auto& target_mesh = target.mesh();
-  bool same_mesh = false;
-  if constexpr (N == NT) same_mesh = mesh.shape() == target_mesh.shape();
-  std::optional<detail::SameMeshMove<N>> on_mesh;
-  std::optional<detail::CrossMeshMove<N, NT>> across;
-  {
-    std::optional<std::string> problem;
-    const T* in = matrix.local().data();
-    const T* out = target.local().data();
-    if (target.rows() != matrix.rows() || target.cols() != matrix.cols())
-      problem =
-          fmt::format("kshard::redistribute_into: the target is {} x {} but the matrix is {} x {}",
-                      target.rows(), target.cols(), matrix.rows(), matrix.cols());
-    else if (matrix.local().size() > 0 && target.local().size() > 0 &&
-             in < out + target.local().size() && out < in + matrix.local().size())
-      problem = fmt::format(
-          "kshard::redistribute_into: on rank {} the target's shard shares memory with the "
-          "matrix's; redistribute into separate storage",
-          mesh.my_rank());
-    else
-      problem = detail::check_same_communicator(mesh, target_mesh, "matrix's mesh");
-    // The target's shape is checked against the agreed matrix's on each rank, its layout and
-    // mesh are agreed on: together, the whole target.
-    detail::redistribute_agreement(matrix, target_mesh, target.layout()).problem(problem).settle();
-    if constexpr (N == NT) {
-      if (same_mesh) on_mesh.emplace(matrix, target.layout());
-    }
-    if (!same_mesh) across.emplace(matrix, target_mesh, target.layout());
-  }
-  if constexpr (N == NT) {
-    if (same_mesh) {
-      on_mesh->template run<E>(mesh, matrix.local(), target.local());
-      return;
-    }
-  }
-  across->template run<E>(mesh, target_mesh, matrix.local(), target.local());
+  redistribute_into(E(), matrix, target);
 }
 
 }  // namespace kshard

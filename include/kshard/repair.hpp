@@ -24,6 +24,8 @@
 #include <fmt/ranges.h>  // fmt::join (moved here in fmt 11)
 
 #include "kshard/bfloat16.hpp"
+#include "kshard/detail/common_kernels.hpp"
+#include "kshard/detail/kokkos_compat.hpp"
 #include "kshard/detail/staging.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
@@ -182,8 +184,9 @@ struct HeldRows {
   index_t count = 0;
 };
 
-template <class MemSpace, class Map>
-HeldRows<MemSpace> held_rows(const Map& rows, const std::vector<index_t>& ids) {
+template <class MemSpace, class ExecSpace, class Map>
+HeldRows<MemSpace> held_rows(const ExecSpace& space, const Map& rows,
+                             const std::vector<index_t>& ids) {
   std::vector<index_t> position;
   std::vector<index_t> local_row;
   for (std::size_t k = 0; k < ids.size(); ++k)
@@ -191,38 +194,34 @@ HeldRows<MemSpace> held_rows(const Map& rows, const std::vector<index_t>& ids) {
       position.push_back(static_cast<index_t>(k));
       local_row.push_back(l);
     }
-  HeldRows<MemSpace> held{
-      Kokkos::View<index_t*, MemSpace>("kshard::held_position", position.size()),
-      Kokkos::View<index_t*, MemSpace>("kshard::held_row", position.size()),
-      static_cast<index_t>(position.size())};
-  using Unmanaged = Kokkos::View<const index_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
-  Kokkos::deep_copy(held.position, Unmanaged(position.data(), position.size()));
-  Kokkos::deep_copy(held.local_row, Unmanaged(local_row.data(), local_row.size()));
-  return held;
+  return {vector_to_space<MemSpace>(space, position, "kshard::held_position"),
+          vector_to_space<MemSpace>(space, local_row, "kshard::held_row"),
+          static_cast<index_t>(position.size())};
 }
 
 // Full-row squared norms of `value(position, local_row, local_col)` cast to T, for the
-// damaged ids, on every rank: local partial sums from the first copy of each element, then one
-// all-reduce over the mesh.
+// damaged ids, on every rank: local partial sums on `space` from the first copy of each
+// element, then one all-reduce over the mesh.
 template <class T, class ExecSpace, class MemSpace, class Value>
-std::vector<double> damaged_row_norms(const char* label, const HeldRows<MemSpace>& held,
-                                      std::size_t num_ids, index_t cols, bool first_copy,
-                                      MPI_Comm comm, const Value& value) {
-  Kokkos::View<double*, MemSpace> partial("kshard::damaged_row_norms", num_ids);
+std::vector<double> damaged_row_norms(const ExecSpace& space, const char* label,
+                                      const HeldRows<MemSpace>& held, std::size_t num_ids,
+                                      index_t cols, bool first_copy, const comm::Group& group,
+                                      const Value& value) {
+  Kokkos::View<double*, MemSpace> partial(Kokkos::view_alloc(space, "kshard::damaged_row_norms"),
+                                          num_ids);
   if (first_copy) {
     const auto position = held.position;
     const auto local_row = held.local_row;
-    Kokkos::parallel_for(
-        label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(0, held.count),
-        KOKKOS_LAMBDA(const index_t h) {
-          double sum = 0;
-          for (index_t j = 0; j < cols; ++j)
-            sum += squared(static_cast<T>(value(position(h), local_row(h), j)));
-          partial(position(h)) = sum;
-        });
+    row_sums(
+        space, label, held.count, cols,
+        KOKKOS_LAMBDA(const index_t h, const index_t j) {
+          return squared(static_cast<T>(value(position(h), local_row(h), j)));
+        },
+        KOKKOS_LAMBDA(const index_t h, const double sum) { partial(position(h)) = sum; });
   }
-  allreduce_view(ExecSpace(), partial, MPI_SUM, comm);
-  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), partial);
+  group.allreduce(space, partial, ReduceOp::sum);
+  const auto host = to_host(space, partial,
+                            "kshard::repair_embedding_rows: the damaged rows' norms, for the host");
   std::vector<double> norms(num_ids);
   for (std::size_t k = 0; k < num_ids; ++k) norms[k] = std::sqrt(host(k));
   return norms;
@@ -241,7 +240,7 @@ std::optional<std::string> output_problem(const In& input, const Out& output,
         "'{}' is {} x {}; nothing was changed",
         names.output, output.rows(), output.cols(), names.input, input.rows(), input.cols());
   if (input.mesh().shape() != output.mesh().shape() ||
-      !congruent(input.mesh().comm(), output.mesh().comm()))
+      !input.mesh().group().same_ranks_as(output.mesh().group()))
     return fmt::format(
         "kshard::repair_embedding_rows: '{}' is on {} and '{}' on {}, not the same mesh",
         names.input, input.mesh(), names.output, output.mesh());
@@ -274,7 +273,7 @@ inline std::optional<std::string> kept_rows_problem(const std::vector<index_t>& 
 template <class In, class Out>
 std::vector<index_t> agree_on_repair(const In& input, const Out* output, const RepairConfig& config,
                                      const RepairNames& names, bool dry_run = false) {
-  Agreement agreement(input.mesh().comm());
+  Agreement agreement(input.mesh().group());
   agreement.same("RepairConfig::enabled()", config.enabled())
       .same("RepairConfig::min_norm()", std::bit_cast<std::int64_t>(config.min_norm()),
             [](std::int64_t bits) { return fmt::format("{}", std::bit_cast<double>(bits)); })
@@ -308,55 +307,44 @@ std::vector<index_t> agree_on_repair(const In& input, const Out* output, const R
   return kept;
 }
 
-// The mean of the healthy rows (`healthy`: one flag per local row, `count` of them over the
-// whole matrix): its local columns go to `direction`; returns its full norm. A second pass over
-// the input shard, needed only by the mean_direction strategy.
-template <class In>
-double mean_healthy_direction(const In& input,
+// The mean of the healthy rows (`healthy_on_host`: one flag per local row, `count` of them over
+// the whole matrix): returns its full norm, and its local columns in `direction` (a new view).
+// A second pass over the input shard, on `space`, needed only by the mean_direction strategy.
+template <class ExecSpace, class In>
+double mean_healthy_direction(const ExecSpace& space, const In& input,
                               const Kokkos::View<bool*, Kokkos::HostSpace>& healthy_on_host,
                               double count, bool first_copy,
-                              const Kokkos::View<double*, typename In::memory_space>& direction) {
-  using ExecSpace = typename In::execution_space;
+                              Kokkos::View<double*, typename In::memory_space>& direction) {
   using MemSpace = typename In::memory_space;
   const auto local = input.local();
-  const auto rows = static_cast<index_t>(local.extent(0));
   const auto cols = static_cast<index_t>(local.extent(1));
-  Kokkos::View<double*, MemSpace> column_sums("kshard::column_sums", cols);
+  Kokkos::View<double*, MemSpace> column_sums(Kokkos::view_alloc(space, "kshard::column_sums"),
+                                              cols);
   if (first_copy) {
-    const auto healthy = Kokkos::create_mirror_view_and_copy(MemSpace(), healthy_on_host);
-    // Each thread sums a block of columns down the rows: contiguous reads along every row.
-    constexpr index_t block = 32;
-    Kokkos::parallel_for(
-        "kshard::repair::mean_direction",
-        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(0, (cols + block - 1) / block),
-        KOKKOS_LAMBDA(const index_t b) {
-          const index_t begin = b * block;
-          const index_t width = cols - begin < block ? cols - begin : block;
-          double sum[block] = {};
-          for (index_t i = 0; i < rows; ++i)
-            if (healthy(i))
-              for (index_t t = 0; t < width; ++t) sum[t] += widen(local(i, begin + t));
-          for (index_t t = 0; t < width; ++t) column_sums(begin + t) = sum[t];
-        });
+    const auto healthy = copy_to_space<MemSpace>(
+        space, healthy_on_host, "kshard::repair_embedding_rows: the healthy-row flags are copied");
+    // Each work item sums a block of columns down the rows: contiguous reads along every row.
+    add_column_sums<32>(
+        space, "kshard::repair::mean_direction", local, column_sums,
+        KOKKOS_LAMBDA(const index_t i) { return healthy(i); });
   }
   // Every rank assembles all columns, then keeps its own.
-  const auto host_sums = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), column_sums);
+  const auto host_sums =
+      to_host(space, column_sums, "kshard::repair_embedding_rows: the column sums, for the host");
   const auto& col_map = input.mapping().cols;
   std::vector<double> mean(static_cast<std::size_t>(input.cols()), 0.0);
   for (index_t j = 0; j < cols; ++j)
     mean[static_cast<std::size_t>(col_map.to_global(j))] = host_sums(static_cast<std::size_t>(j));
-  allreduce(mean.data(), mpi_count(input.cols(), "kshard::repair_embedding_rows"), MPI_SUM,
-            input.mesh().comm());
+  input.mesh().group().allreduce(mean.data(), mpi_count(input.cols()), ReduceOp::sum);
   double norm = 0;
   for (double& m : mean) {
     m /= count;
     norm += m * m;
   }
-  auto host_direction = Kokkos::create_mirror_view(direction);
+  std::vector<double> mine(static_cast<std::size_t>(cols));
   for (index_t j = 0; j < cols; ++j)
-    host_direction(static_cast<std::size_t>(j)) =
-        mean[static_cast<std::size_t>(col_map.to_global(j))];
-  Kokkos::deep_copy(direction, host_direction);
+    mine[static_cast<std::size_t>(j)] = mean[static_cast<std::size_t>(col_map.to_global(j))];
+  direction = vector_to_space<MemSpace>(space, mine, "kshard::mean_direction");
   return std::sqrt(norm);
 }
 
@@ -366,7 +354,8 @@ double mean_healthy_direction(const In& input,
 // order is the numeric order of non-negative doubles: 8 rounds of one SUM all-reduce of 256
 // counts, each fixing the next 8 bits of the median's pattern and keeping only the values that
 // share them (1 round when there are no values).
-inline std::optional<double> distributed_median(const std::vector<double>& values, MPI_Comm comm) {
+inline std::optional<double> distributed_median(const std::vector<double>& values,
+                                                const comm::Group& group) {
   std::vector<std::uint64_t> candidates(values.size());
   std::transform(values.begin(), values.end(), candidates.begin(),
                  [](double v) { return std::bit_cast<std::uint64_t>(v); });
@@ -375,7 +364,7 @@ inline std::optional<double> distributed_median(const std::vector<double>& value
   for (int shift = 56; shift >= 0; shift -= 8) {
     std::array<std::int64_t, 256> counts{};
     for (const std::uint64_t bits : candidates) ++counts[(bits >> shift) & 0xff];
-    allreduce(counts.data(), static_cast<int>(counts.size()), MPI_SUM, comm);
+    group.allreduce(counts.data(), static_cast<int>(counts.size()), ReduceOp::sum);
     if (shift == 56) {
       const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
       if (total == 0) return std::nullopt;  // the same on every rank
@@ -390,6 +379,27 @@ inline std::optional<double> distributed_median(const std::vector<double>& value
   return std::bit_cast<double>(median);
 }
 
+// What the detection counts over the local rows (each global row once, on its first copy),
+// then over the whole mesh with one all-reduce.
+struct RowTally {
+  double damaged = 0;          // damaged rows, by either test
+  double relative = 0;         // of which found by the relative test only
+  double healthy = 0;          // healthy rows
+  double healthy_squares = 0;  // the sum of their squared norms
+  double tied = 0;             // ranks whose output embedding is the input's storage
+
+  // One SUM all-reduce of the five counts over `comm`.
+  void sum_over(const comm::Group& group) {
+    std::array<double, 5> values{damaged, relative, healthy, healthy_squares, tied};
+    group.allreduce(values.data(), static_cast<int>(values.size()), ReduceOp::sum);
+    damaged = values[0];
+    relative = values[1];
+    healthy = values[2];
+    healthy_squares = values[3];
+    tied = values[4];
+  }
+};
+
 // What the detection found, for a repair or a dry run.
 struct Detection {
   RepairReport report;  // output_name and target_norm set when rows were found
@@ -398,95 +408,97 @@ struct Detection {
   bool output_is_input = false;                    // on some rank (tied weights)
 };
 
-// The detection shared by repair_embedding_rows and find_damaged_rows: the one full pass over
-// the input (full-row norms of the local rows), the relative test's median when it is on, then
-// the damaged ids and their norms on every rank. Refuses more than max_rows damaged rows.
-template <class In, class Out>
-Detection detect_damaged_rows(const In& input, const Out* output, const RepairConfig& config,
-                              const RepairNames& names, std::vector<index_t> kept) {
+// The local rows as the detection sees them: their squared full-row norms on the host (the one
+// full pass over the input, on `space`), which are kept, and whether this rank holds the first
+// copy of its rows.
+struct LocalRows {
+  Kokkos::View<double*, Kokkos::HostSpace> squared_norms;
+  std::vector<bool> kept;
+  bool first_copy = false;
+
+  [[nodiscard]] std::size_t size() const { return kept.size(); }
+  [[nodiscard]] double norm(std::size_t i) const { return std::sqrt(squared_norms(i)); }
+};
+
+template <class ExecSpace, class In>
+LocalRows local_rows(const ExecSpace& space, const In& input, const std::vector<index_t>& kept) {
   using L = typename In::layout_type;
-  const auto& mesh = input.mesh();
-  const MPI_Comm comm = mesh.comm();
-  const auto norms = row_squared_norms(input);
-  const auto host_norms = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), norms);
-  const auto& rows = input.mapping().rows;
-  const bool first_copy_of_rows = L::is_first_copy(mesh.coords(), {0});
-  const double min_norm = config.min_norm();
-  const auto is_kept = [&](std::size_t i) {
-    return std::binary_search(kept.begin(), kept.end(), rows.to_global(static_cast<index_t>(i)));
-  };
-  const auto norm_of = [&](std::size_t i) { return std::sqrt(host_norms(i)); };
-
-  std::optional<double> median;
-  if (config.relative_threshold()) {
-    std::vector<double> healthy_norms;  // each global row once: on its first copy
-    for (std::size_t i = 0; first_copy_of_rows && i < host_norms.extent(0); ++i)
-      if (!is_kept(i) && !is_damaged(norm_of(i), min_norm)) healthy_norms.push_back(norm_of(i));
-    median = distributed_median(healthy_norms, comm);
+  const auto norms = row_squared_norms(space, input);
+  LocalRows local;
+  const auto host =
+      to_host(space, norms, "kshard::detect_damaged_rows: the row norms, for the host");
+  if constexpr (std::is_assignable_v<Kokkos::View<double*, Kokkos::HostSpace>&, decltype(host)>) {
+    local.squared_norms = host;
+  } else {  // host-accessible memory of another space (CUDA UVM): one host copy
+    local.squared_norms = Kokkos::View<double*, Kokkos::HostSpace>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::row_norms_on_host"),
+        host.extent(0));
+    for (std::size_t i = 0; i < host.extent(0); ++i) local.squared_norms(i) = host(i);
   }
-  const auto is_relative = [&](double norm) {
-    return median && norm < *config.relative_threshold() * *median;
-  };
+  const auto& rows = input.mapping().rows;
+  local.kept.resize(host.extent(0));
+  for (std::size_t i = 0; i < local.kept.size(); ++i)
+    local.kept[i] =
+        std::binary_search(kept.begin(), kept.end(), rows.to_global(static_cast<index_t>(i)));
+  local.first_copy = L::is_first_copy(input.mesh().coords(), {0});
+  return local;
+}
 
-  Detection found;
-  found.healthy = Kokkos::View<bool*, Kokkos::HostSpace>("kshard::healthy", host_norms.extent(0));
-  // This rank's damaged rows, as pairs (id, bits of the norm), for one gather.
-  std::vector<std::int64_t> local_damaged;
-  // {damaged rows, healthy rows, sum of healthy squared norms, ranks whose output is the input,
-  //  relative rows}
-  double sums[5] = {0, 0, 0, 0, 0};
+// The relative test's median: of the healthy rows by the absolute test (finite, > min_norm,
+// not kept), each global row once (on its first copy); nullopt when the test is off or no row
+// is healthy.
+inline std::optional<double> healthy_median(const LocalRows& local, const RepairConfig& config,
+                                            const comm::Group& group) {
+  if (!config.relative_threshold()) return std::nullopt;
+  std::vector<double> healthy_norms;
+  for (std::size_t i = 0; local.first_copy && i < local.size(); ++i)
+    if (!local.kept[i] && !is_damaged(local.norm(i), config.min_norm()))
+      healthy_norms.push_back(local.norm(i));
+  return distributed_median(healthy_norms, group);
+}
+
+// The local rows sorted into healthy (flags in `found.healthy`) and damaged (as pairs (id, bits
+// of the norm), for one gather), counted in `tally`; returns the smallest norm (NaN ignored).
+template <class Map>
+double classify_rows(const LocalRows& local, const Map& rows, const RepairConfig& config,
+                     std::optional<double> median, Detection& found,
+                     std::vector<std::int64_t>& local_damaged, RowTally& tally) {
   double smallest = std::numeric_limits<double>::infinity();
-  for (std::size_t i = 0; i < host_norms.extent(0); ++i) {
-    if (is_kept(i)) continue;  // left alone: not damaged, not healthy (healthy(i) stays false)
-    const double norm = norm_of(i);
+  found.healthy = Kokkos::View<bool*, Kokkos::HostSpace>("kshard::healthy", local.size());
+  for (std::size_t i = 0; i < local.size(); ++i) {
+    if (local.kept[i]) continue;  // left alone: not damaged, not healthy (healthy(i) stays false)
+    const double norm = local.norm(i);
     if (!std::isnan(norm)) smallest = std::min(smallest, norm);
-    const bool absolute = is_damaged(norm, min_norm);
-    const bool relative = !absolute && is_relative(norm);
+    const bool absolute = is_damaged(norm, config.min_norm());
+    const bool relative = !absolute && median && norm < *config.relative_threshold() * *median;
     found.healthy(i) = !absolute && !relative;
-    if (!first_copy_of_rows) continue;  // count every global row once
+    if (!local.first_copy) continue;  // count every global row once
     if (found.healthy(i)) {
-      sums[1] += 1;
-      sums[2] += host_norms(i);
+      tally.healthy += 1;
+      tally.healthy_squares += local.squared_norms(i);
     } else {
-      sums[0] += 1;
-      sums[4] += relative ? 1 : 0;
+      tally.damaged += 1;
+      tally.relative += relative ? 1 : 0;
       local_damaged.push_back(rows.to_global(static_cast<index_t>(i)));
       local_damaged.push_back(std::bit_cast<std::int64_t>(norm));
     }
   }
-  const auto* input_data = static_cast<const void*>(input.local().data());
-  if (output != nullptr && input.local().size() > 0 &&
-      input_data == static_cast<const void*>(output->local().data()))
-    sums[3] = 1;
-  allreduce(sums, 5, MPI_SUM, comm);
-  allreduce(&smallest, 1, MPI_MIN, comm);
-  found.healthy_rows = sums[1];
-  found.output_is_input = sums[3] > 0;
+  return smallest;
+}
 
-  RepairReport& report = found.report;
-  report.input_name = names.input;
-  report.min_norm_before = smallest;
-  report.kept_row_ids = std::move(kept);
-  report.median_norm = median;
-  const auto damaged = static_cast<index_t>(sums[0]);
-  if (damaged == 0) return found;
-  if (damaged > config.max_rows())
-    throw error(fmt::format(
-        "kshard::{}: {} rows of '{}' are damaged, more than max_rows = {}{}; nothing was changed",
-        operation_name(), damaged, names.input, config.max_rows(),
-        median ? fmt::format(" ({} of them below {} x the median norm {:g})",
-                             static_cast<index_t>(sums[4]), *config.relative_threshold(), *median)
-               : std::string()));
-
-  // The damaged ids with their norms, sorted by id, on every rank.
-  const int size = mesh.size();
+// Every rank's damaged rows, as (id, bits of the norm) pairs, into the report sorted by id
+// (`damaged` of them over the `size` ranks of `comm`): one all-gather of the counts, one of the
+// pairs.
+inline void gather_damaged_rows(const std::vector<std::int64_t>& local_damaged, index_t damaged,
+                                double min_norm, const comm::Group& group, int size,
+                                RepairReport& report) {
   std::vector<int> counts(static_cast<std::size_t>(size));
   const int mine = static_cast<int>(local_damaged.size());
-  allgather(&mine, 1, counts.data(), comm);
+  group.allgather(&mine, 1, counts.data());
   std::vector<int> displs(static_cast<std::size_t>(size), 0);
   for (std::size_t r = 1; r < displs.size(); ++r) displs[r] = displs[r - 1] + counts[r - 1];
   std::vector<std::int64_t> pairs(2 * static_cast<std::size_t>(damaged));
-  allgatherv(local_damaged.data(), mine, pairs.data(), counts.data(), displs.data(), comm);
+  group.allgatherv(local_damaged.data(), mine, pairs.data(), counts.data(), displs.data());
   std::vector<std::size_t> order(static_cast<std::size_t>(damaged));
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::sort(order.begin(), order.end(),
@@ -498,55 +510,84 @@ Detection detect_damaged_rows(const In& input, const Out* output, const RepairCo
     report.repaired_norms_before.push_back(norm);
     if (!is_damaged(norm, min_norm)) report.relative_row_ids.push_back(id);
   }
+}
+
+// The detection shared by repair_embedding_rows and find_damaged_rows, on `space`: the one full
+// pass over the input (full-row norms of the local rows), the relative test's median when it
+// is on, then the damaged ids and their norms on every rank. Refuses more than max_rows
+// damaged rows.
+template <class ExecSpace, class In, class Out>
+Detection detect_damaged_rows(const ExecSpace& space, const In& input, const Out* output,
+                              const RepairConfig& config, const RepairNames& names,
+                              std::vector<index_t> kept) {
+  const comm::Group& group = input.mesh().group();
+  const LocalRows local = local_rows(space, input, kept);
+  const std::optional<double> median = healthy_median(local, config, group);
+
+  Detection found;
+  RowTally tally;
+  std::vector<std::int64_t> local_damaged;
+  double smallest =
+      classify_rows(local, input.mapping().rows, config, median, found, local_damaged, tally);
+  const auto* input_data = static_cast<const void*>(input.local().data());
+  if (output != nullptr && input.local().size() > 0 &&
+      input_data == static_cast<const void*>(output->local().data()))
+    tally.tied = 1;
+  tally.sum_over(group);
+  group.allreduce(&smallest, 1, ReduceOp::min);
+  found.healthy_rows = tally.healthy;
+  found.output_is_input = tally.tied > 0;
+
+  RepairReport& report = found.report;
+  report.input_name = names.input;
+  report.min_norm_before = smallest;
+  report.kept_row_ids = std::move(kept);
+  report.median_norm = median;
+  const auto damaged = static_cast<index_t>(tally.damaged);
+  if (damaged == 0) return found;
+  if (damaged > config.max_rows())
+    throw error(fmt::format(
+        "kshard::{}: {} rows of '{}' are damaged, more than max_rows = {}{}; nothing was changed",
+        operation_name(), damaged, names.input, config.max_rows(),
+        median ? fmt::format(" ({} of them below {} x the median norm {:g})",
+                             static_cast<index_t>(tally.relative), *config.relative_threshold(),
+                             *median)
+               : std::string()));
+  gather_damaged_rows(local_damaged, damaged, config.min_norm(), group, input.mesh().size(),
+                      report);
   if (config.strategy() == RepairStrategy::output_direction) report.output_name = names.output;
-  if (sums[1] > 0) report.target_norm = std::sqrt(sums[2] / sums[1]);
+  if (tally.healthy > 0) report.target_norm = std::sqrt(tally.healthy_squares / tally.healthy);
   return found;
 }
 
-template <class In, class Out>
-std::optional<RepairReport> repair_rows(const In& input, const Out* output,
-                                        const RepairConfig& config, const RepairNames& names) {
-  using T = typename In::value_type;
-  using L = typename In::layout_type;
-  using ExecSpace = typename In::execution_space;
-  using MemSpace = typename In::memory_space;
-  const Operation operation("repair_embedding_rows");
-  const auto& mesh = input.mesh();
-  const MPI_Comm comm = mesh.comm();
-  std::vector<index_t> kept = agree_on_repair(input, output, config, names);
-  if (!config.enabled()) return std::nullopt;  // after the agreement: every rank returns here
-  Detection found = detect_damaged_rows(input, output, config, names, std::move(kept));
-  RepairReport& report = found.report;
-  const std::vector<index_t>& ids = report.repaired_row_ids;
-  if (ids.empty()) return report;
+// ---- The repair's steps after the detection ----
 
-  const bool first_copy_of_elements = L::is_first_copy(mesh.coords(), {0, 1});
-  const double min_norm = config.min_norm();
-  const bool use_output = config.strategy() == RepairStrategy::output_direction;
-  if (use_output && found.output_is_input)
-    throw error(fmt::format(
-        "kshard::repair_embedding_rows: '{}' is the same storage as '{}' (tied weights) and "
-        "cannot give directions for damaged rows [{}]; nothing was changed (use "
-        "RepairStrategy::mean_direction)",
-        names.output, names.input, fmt::join(ids, ", ")));
-  const auto held = held_rows<MemSpace>(input.mapping().rows, ids);
-  const index_t cols = input.mapping().cols.local_extent();
-  typename Out::view_type out;  // empty without an output embedding
-  if (output != nullptr) out = output->local();
-  std::vector<double> out_norms;
-  if (use_output) {
-    out_norms = damaged_row_norms<typename Out::value_type, ExecSpace, MemSpace>(
-        "kshard::repair::output_norms", held, ids.size(), cols, first_copy_of_elements, comm,
-        KOKKOS_LAMBDA(index_t, index_t l, index_t j) { return widen(out(l, j)); });
-    std::vector<index_t> bad;
-    for (std::size_t k = 0; k < ids.size(); ++k)
-      if (is_damaged(out_norms[k], min_norm)) bad.push_back(ids[k]);
-    if (!bad.empty())
-      throw error(fmt::format(
-          "kshard::repair_embedding_rows: rows [{}] of '{}' are damaged too and cannot give "
-          "directions; nothing was changed",
-          fmt::join(bad, ", "), names.output));
+// The value a repaired element takes: source(l, j) * scale(k), the source being the output
+// row (output_direction) or the mean healthy direction.
+template <class OutView, class MemSpace>
+struct RepairedValue {
+  OutView out;                                // the output embedding's shard (output_direction)
+  Kokkos::View<double*, MemSpace> direction;  // the mean direction's local columns (mean)
+  Kokkos::View<double*, MemSpace> scale;      // per damaged id
+  bool use_output = true;
+
+  KOKKOS_INLINE_FUNCTION double operator()(index_t k, index_t l, index_t j) const {
+    return (use_output ? widen(out(l, j)) : direction(j)) * scale(k);
   }
+};
+
+// The ids of `ids` whose norm in `norms` is damaged.
+inline std::vector<index_t> damaged_ids(const std::vector<index_t>& ids,
+                                        const std::vector<double>& norms, double min_norm) {
+  std::vector<index_t> bad;
+  for (std::size_t k = 0; k < ids.size(); ++k)
+    if (is_damaged(norms[k], min_norm)) bad.push_back(ids[k]);
+  return bad;
+}
+
+// The target norm of the repaired rows, or the refusal when there is none worth scaling to.
+inline double target_norm_or_refuse(const RepairReport& report, double min_norm,
+                                    const RepairNames& names) {
   if (!report.target_norm)
     throw error(fmt::format(
         "kshard::repair_embedding_rows: '{}' has no healthy rows to take a norm from; nothing "
@@ -558,52 +599,129 @@ std::optional<RepairReport> repair_rows(const In& input, const Out* output,
         "kshard::repair_embedding_rows: the RMS norm of the healthy rows of '{}' is {}, not "
         "finite and > min_norm = {}; nothing was changed",
         names.input, target, min_norm));
+  return target;
+}
 
-  // Repaired value = source * scale(k): the output row, or the mean healthy direction.
-  Kokkos::View<double*, MemSpace> scale("kshard::repair_scale", ids.size());
-  Kokkos::View<double*, MemSpace> direction("kshard::mean_direction", use_output ? 0 : cols);
-  if (use_output) {
-    auto host_scale = Kokkos::create_mirror_view(scale);
-    for (std::size_t k = 0; k < ids.size(); ++k) host_scale(k) = target / out_norms[k];
-    Kokkos::deep_copy(scale, host_scale);
-  } else {
-    const double norm = mean_healthy_direction(input, found.healthy, found.healthy_rows,
-                                               first_copy_of_elements, direction);
-    if (!std::isfinite(norm) || norm <= 0)
-      throw error(fmt::format(
-          "kshard::repair_embedding_rows: the mean of the healthy rows of '{}' has norm {}, "
-          "no direction to repair with; nothing was changed",
-          names.input, norm));
-    Kokkos::deep_copy(scale, target / norm);
+// The damaged rows of `output` must be healthy to give directions: their norms (for the
+// scales), or the refusal. One all-reduce.
+template <class ExecSpace, class In, class Out, class MemSpace>
+std::vector<double> output_row_norms(const ExecSpace& space, const In& input, const Out& output,
+                                     const HeldRows<MemSpace>& held, const RepairReport& report,
+                                     bool first_copy, double min_norm, const RepairNames& names) {
+  const std::vector<index_t>& ids = report.repaired_row_ids;
+  const auto out = output.local();
+  const auto norms = damaged_row_norms<typename Out::value_type>(
+      space, "kshard::repair::output_norms", held, ids.size(), input.mapping().cols.local_extent(),
+      first_copy, input.mesh().group(),
+      KOKKOS_LAMBDA(index_t, index_t l, index_t j) { return widen(out(l, j)); });
+  if (const auto bad = damaged_ids(ids, norms, min_norm); !bad.empty())
+    throw error(fmt::format(
+        "kshard::repair_embedding_rows: rows [{}] of '{}' are damaged too and cannot give "
+        "directions; nothing was changed",
+        fmt::join(bad, ", "), names.output));
+  return norms;
+}
+
+// The repaired values of the held rows, as the repair will write them: the output rows
+// (`use_output`, with `out_norms`) or the mean healthy direction (a second pass over the input),
+// times the scale of each id.
+template <class ExecSpace, class In, class Out>
+RepairedValue<typename Out::view_type, typename In::memory_space> repaired_values(
+    const ExecSpace& space, const In& input, const Out* output, const Detection& found,
+    bool use_output, const std::vector<double>& out_norms, double target, bool first_copy,
+    const RepairNames& names) {
+  using MemSpace = typename In::memory_space;
+  const std::size_t num_ids = found.report.repaired_row_ids.size();
+  RepairedValue<typename Out::view_type, MemSpace> value;
+  value.use_output = use_output;
+  if (output != nullptr) value.out = output->local();
+  if (value.use_output) {
+    std::vector<double> scales(num_ids);
+    for (std::size_t k = 0; k < num_ids; ++k) scales[k] = target / out_norms[k];
+    value.scale = vector_to_space<MemSpace>(space, scales, "kshard::repair_scale");
+    return value;
   }
-  auto value = KOKKOS_LAMBDA(index_t k, index_t l, index_t j)->double {
-    return (use_output ? widen(out(l, j)) : direction(j)) * scale(k);
-  };
-  // Verify before writing: the rows as they will be stored, cast to T, must be healthy.
-  const auto after =
-      damaged_row_norms<T, ExecSpace, MemSpace>("kshard::repair::candidate_norms", held, ids.size(),
-                                                cols, first_copy_of_elements, comm, value);
-  std::vector<index_t> still;
-  for (std::size_t k = 0; k < ids.size(); ++k)
-    if (is_damaged(after[k], min_norm)) still.push_back(ids[k]);
-  if (!still.empty())
+  const double norm = mean_healthy_direction(space, input, found.healthy, found.healthy_rows,
+                                             first_copy, value.direction);
+  if (!std::isfinite(norm) || norm <= 0)
+    throw error(fmt::format(
+        "kshard::repair_embedding_rows: the mean of the healthy rows of '{}' has norm {}, "
+        "no direction to repair with; nothing was changed",
+        names.input, norm));
+  value.scale = vector_to_space<MemSpace>(space, std::vector<double>(num_ids, target / norm),
+                                          "kshard::repair_scale");
+  return value;
+}
+
+// Verify before writing: the rows as they will be stored, cast to T, must be healthy. One
+// all-reduce.
+template <class ExecSpace, class In, class MemSpace, class Value>
+void verify_repaired_rows(const ExecSpace& space, const In& input, const HeldRows<MemSpace>& held,
+                          const RepairReport& report, bool first_copy, double min_norm,
+                          const Value& value, const RepairNames& names) {
+  const std::vector<index_t>& ids = report.repaired_row_ids;
+  const auto after = damaged_row_norms<typename In::value_type>(
+      space, "kshard::repair::candidate_norms", held, ids.size(),
+      input.mapping().cols.local_extent(), first_copy, input.mesh().group(), value);
+  if (const auto still = damaged_ids(ids, after, min_norm); !still.empty())
     throw error(fmt::format(
         "kshard::repair_embedding_rows: rows [{}] of '{}' would still be damaged after the "
         "repair (not representable in the element type); nothing was changed",
         fmt::join(still, ", "), names.input));
+}
 
+// Writes the repaired values into the held rows of `input`, on `space`.
+template <class ExecSpace, class In, class MemSpace, class Value>
+void write_repaired_rows(const ExecSpace& space, const In& input, const HeldRows<MemSpace>& held,
+                         const Value& value) {
+  using T = typename In::value_type;
   const auto local = input.local();
   const auto position = held.position;
   const auto local_row = held.local_row;
   Kokkos::parallel_for(
       "kshard::repair::write",
       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<index_t>>(
-          {0, 0}, {held.count, cols}),
+          space, {0, 0}, {held.count, input.mapping().cols.local_extent()}),
       KOKKOS_LAMBDA(const index_t h, const index_t j) {
         local(local_row(h), j) = static_cast<T>(value(position(h), local_row(h), j));
       });
-  ExecSpace().fence();
-  if (mesh.my_rank() == 0) log_line(fmt::format("{}", report));
+}
+
+// The repair, in its steps: agree on the arguments, detect, refuse tied weights, check the
+// output rows, take the target norm and the repaired values, verify them, write them.
+template <class ExecSpace, class In, class Out>
+std::optional<RepairReport> repair_rows(const ExecSpace& space, const In& input, const Out* output,
+                                        const RepairConfig& config, const RepairNames& names) {
+  using L = typename In::layout_type;
+  using MemSpace = typename In::memory_space;
+  const Operation operation("repair_embedding_rows");
+  std::vector<index_t> kept = agree_on_repair(input, output, config, names);
+  if (!config.enabled()) return std::nullopt;  // after the agreement: every rank returns here
+  Detection found = detect_damaged_rows(space, input, output, config, names, std::move(kept));
+  const RepairReport& report = found.report;
+  const std::vector<index_t>& ids = report.repaired_row_ids;
+  if (ids.empty()) return report;
+
+  const bool first_copy = L::is_first_copy(input.mesh().coords(), {0, 1});
+  const double min_norm = config.min_norm();
+  const bool use_output = config.strategy() == RepairStrategy::output_direction;
+  if (use_output && found.output_is_input)
+    throw error(fmt::format(
+        "kshard::repair_embedding_rows: '{}' is the same storage as '{}' (tied weights) and "
+        "cannot give directions for damaged rows [{}]; nothing was changed (use "
+        "RepairStrategy::mean_direction)",
+        names.output, names.input, fmt::join(ids, ", ")));
+  const auto held = held_rows<MemSpace>(space, input.mapping().rows, ids);
+  std::vector<double> out_norms;
+  if (use_output)
+    out_norms = output_row_norms(space, input, *output, held, report, first_copy, min_norm, names);
+  const double target = target_norm_or_refuse(report, min_norm, names);
+  const auto value = repaired_values(space, input, output, found, use_output, out_norms, target,
+                                     first_copy, names);
+  verify_repaired_rows(space, input, held, report, first_copy, min_norm, value, names);
+  write_repaired_rows(space, input, held, value);
+  fence(space, "kshard::repair_embedding_rows: the repaired rows are written");
+  if (input.mesh().my_rank() == 0) log_line(fmt::format("{}", report));
   return report;
 }
 
@@ -618,20 +736,42 @@ std::optional<RepairReport> repair_rows(const In& input, const Out* output,
 /// no report after the agreement). Refusals (a config, kept ids, element type, shape or layout
 /// that differs between ranks, too many damaged rows, kept ids out of range, shapes, layouts or
 /// meshes of input and output that differ, tied storage, damaged output rows, no valid target
-/// norm) throw the same `kshard::error` on every rank and change nothing.
+/// norm) throw the same `kshard::error` on every rank and change nothing. Every kernel and copy
+/// runs on `space`, which is fenced before MPI reads what it wrote and before returning.
+template <class ExecSpace, ValuedMatrix In, ValuedMatrix Out>
+requires detail::ExecutionSpaceFor<ExecSpace, In> && detail::ExecutionSpaceFor<ExecSpace, Out>
+    std::optional<RepairReport> repair_embedding_rows(const ExecSpace& space, const In& input,
+                                                      const Out& output,
+                                                      const RepairConfig& config = {},
+                                                      const RepairNames& names = {}) {
+  return detail::repair_rows(space, input, &output, config, names);
+}
+
+/// `repair_embedding_rows(space, input, output, config, names)` on a default instance of the
+/// input's execution space.
 template <ValuedMatrix In, ValuedMatrix Out>
 std::optional<RepairReport> repair_embedding_rows(const In& input, const Out& output,
                                                   const RepairConfig& config = {},
                                                   const RepairNames& names = {}) {
-  return detail::repair_rows(input, &output, config, names);
+  return detail::repair_rows(typename In::execution_space{}, input, &output, config, names);
 }
 
-/// Repairs `input` without an output embedding (tied or missing LM head): `config` must use
-/// `RepairStrategy::mean_direction`.
+/// Repairs `input` without an output embedding (tied or missing LM head), on `space`: `config`
+/// must use `RepairStrategy::mean_direction`.
+template <class ExecSpace, ValuedMatrix In>
+requires detail::ExecutionSpaceFor<ExecSpace, In> std::optional<RepairReport> repair_embedding_rows(
+    const ExecSpace& space, const In& input, const RepairConfig& config,
+    const RepairNames& names = {}) {
+  return detail::repair_rows(space, input, static_cast<const In*>(nullptr), config, names);
+}
+
+/// `repair_embedding_rows(space, input, config, names)` on a default instance of the input's
+/// execution space.
 template <ValuedMatrix In>
 std::optional<RepairReport> repair_embedding_rows(const In& input, const RepairConfig& config,
                                                   const RepairNames& names = {}) {
-  return detail::repair_rows(input, static_cast<const In*>(nullptr), config, names);
+  return detail::repair_rows(typename In::execution_space{}, input, static_cast<const In*>(nullptr),
+                             config, names);
 }
 
 /// A dry run of `repair_embedding_rows`: finds the damaged rows of `input` as the repair would
@@ -645,16 +785,25 @@ std::optional<RepairReport> repair_embedding_rows(const In& input, const RepairC
 /// rows (raise it to list more) and kept ids out of range; what the repair checks on the
 /// output embedding or the repaired values (tied storage, damaged output rows, a valid target
 /// norm and direction) is not checked. Cost: the repair's detection: one pass over the input
-/// shard, 2 all-reduces (plus those of the norms when columns are split, and 8 for the
-/// relative test), and 2 more collectives when rows are found.
-template <ValuedMatrix In>
-std::optional<RepairReport> find_damaged_rows(const In& input, const RepairConfig& config = {},
-                                              const RepairNames& names = {}) {
+/// shard, on `space`, 2 all-reduces (plus those of the norms when columns are split, and 8 for
+/// the relative test), and 2 more collectives when rows are found.
+template <class ExecSpace, ValuedMatrix In>
+requires detail::ExecutionSpaceFor<ExecSpace, In> std::optional<RepairReport> find_damaged_rows(
+    const ExecSpace& space, const In& input, const RepairConfig& config = {},
+    const RepairNames& names = {}) {
   const detail::Operation operation("find_damaged_rows");
   const auto* none = static_cast<const In*>(nullptr);
   std::vector<index_t> kept = detail::agree_on_repair(input, none, config, names, true);
   if (!config.enabled()) return std::nullopt;  // after the agreement: every rank returns here
-  return detail::detect_damaged_rows(input, none, config, names, std::move(kept)).report;
+  return detail::detect_damaged_rows(space, input, none, config, names, std::move(kept)).report;
+}
+
+/// `find_damaged_rows(space, input, config, names)` on a default instance of the input's
+/// execution space.
+template <ValuedMatrix In>
+std::optional<RepairReport> find_damaged_rows(const In& input, const RepairConfig& config = {},
+                                              const RepairNames& names = {}) {
+  return find_damaged_rows(typename In::execution_space{}, input, config, names);
 }
 
 }  // namespace kshard

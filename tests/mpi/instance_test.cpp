@@ -11,7 +11,10 @@
 #include <vector>
 
 #include "kshard/distribute.hpp"
+#include "kshard/redistribute.hpp"
+#include "kshard/repair.hpp"
 #include "kshard/rowwise.hpp"
+#include "kshard/tensor_parallel.hpp"
 #include "kshard_test.hpp"
 
 namespace {
@@ -21,18 +24,9 @@ using kshard::Layout;
 using kshard::test::all_ranks;
 using kshard::test::ExecSpace;
 using kshard::test::MemSpace;
+using kshard::test::other_instance;
 using kshard::test::reference_matrix;
 using kshard::test::world_size;
-
-// An instance other than the default where Kokkos can make one (partition_space, Kokkos 4),
-// else a default-constructed one: the overloads must give the same results either way.
-ExecSpace other_instance() {
-#if KOKKOS_VERSION >= 40000
-  return Kokkos::Experimental::partition_space(ExecSpace(), 1, 1)[1];
-#else
-  return ExecSpace();
-#endif
-}
 
 // The names of the Kokkos Tools regions pushed while it lives.
 class RegionLog {
@@ -142,6 +136,40 @@ TEST(Instance, RowNormsFenceNothingGlobally) {
   const GlobalFenceCount fences;
   kshard::zero_row(space, matrix, 3);
   (void)kshard::row_squared_norms(space, matrix);
+  EXPECT_TRUE(all_ranks(GlobalFenceCount::count() == 0)) << GlobalFenceCount::count();
+}
+
+TEST(Instance, RedistributeFencesNothingGlobally) {
+  const kshard::Mesh<2> mesh = kshard::test::dp_tp_mesh();
+  const auto full = reference_matrix<float>(12, 10, 74);
+  const auto space = other_instance();
+  auto matrix = kshard::distribute<ExecSpace, MemSpace>(
+      space, mesh, Layout<kshard::Shard<0>, kshard::Shard<1>>(),
+      kshard::HostMatrix<const float>(full));
+  auto target = kshard::redistribute(space, matrix, Layout<kshard::Shard<1>, kshard::Replicate>());
+  auto plan = kshard::plan_redistribute(space, matrix, target);
+  const GlobalFenceCount fences;
+  kshard::redistribute_into(space, matrix, target);
+  plan.apply(space, matrix, target);
+  EXPECT_TRUE(all_ranks(GlobalFenceCount::count() == 0)) << GlobalFenceCount::count();
+}
+
+TEST(Instance, LookupAndRepairFenceNothingGlobally) {
+  const kshard::Mesh<2> mesh = kshard::test::dp_tp_mesh();
+  const auto space = other_instance();
+  auto full = reference_matrix<float>(16, 6, 75);
+  for (index_t c = 0; c < 6; ++c) full(5, c) = 0.0f;  // a damaged row for the repair
+  auto table = kshard::distribute<ExecSpace, MemSpace>(
+      space, mesh, Layout<kshard::Replicate, kshard::Shard<0>>(),
+      kshard::HostMatrix<const float>(full));
+  const Kokkos::View<std::int64_t*, MemSpace> ids("ids", 4);
+  Kokkos::deep_copy(space, ids, std::int64_t{5});
+  kshard::detail::fence(space, "test: the ids are set");
+  const kshard::RepairConfig config(true, 1e-6, 16);
+  const GlobalFenceCount fences;
+  (void)kshard::vocab_parallel_lookup(space, table, ids, 1);
+  const auto report = kshard::repair_embedding_rows(space, table, config);
+  EXPECT_TRUE(all_ranks(report && report->repaired_row_ids == std::vector<index_t>{5}));
   EXPECT_TRUE(all_ranks(GlobalFenceCount::count() == 0)) << GlobalFenceCount::count();
 }
 #endif

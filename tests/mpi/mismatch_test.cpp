@@ -72,7 +72,8 @@ TEST(Mismatch, AgreementComparesEveryValue) {
              ? fmt::format("value {} differs between ranks: 0 on rank 0, 1 on another", differing)
              : std::string("the ranks passed different arguments")},
         [&](bool here) {
-          kshard::detail::Agreement agreement(MPI_COMM_WORLD);
+          const kshard::Mesh<1> line(MPI_COMM_WORLD, {world_size()});
+          kshard::detail::Agreement agreement(line.group());
           for (std::size_t i = 0; i < values; ++i)
             agreement.same(fmt::format("value {}", i), here && i == differing ? 1 : 0);
           agreement.settle();

@@ -39,6 +39,7 @@ using kshard::test::ExecSpace;
 using kshard::test::for_each_placement;
 using kshard::test::make_placement;
 using kshard::test::MemSpace;
+using kshard::test::other_instance;
 using kshard::test::reference_matrix;
 using kshard::test::world_size;
 
@@ -159,6 +160,41 @@ void check_into(const Matrix<T, L>& matrix, const kshard::Mesh<NT>& target_mesh,
   EXPECT_TRUE(all_ranks(same_bits(into.local(), moved.local()))) << "redistribute_into";
 }
 
+// Matrices of the same mesh, shape and layout as `matrix` with other values (and, for Partial
+// layouts, other addends).
+template <class T, class L>
+Matrix<T, L> other_values(const Matrix<T, L>& matrix, std::uint64_t seed) {
+  const auto full = reference_matrix<T>(matrix.rows(), matrix.cols(), seed);
+  return kshard::distribute<ExecSpace, MemSpace>(matrix.mesh(), matrix.layout(),
+                                                 kshard::HostMatrix<const T>(full));
+}
+
+// A plan made once and applied to `matrix` and to matrices of other values, into one reused
+// target holding garbage: each result is bit for bit what `redistribute` (via `move`) gives,
+// each apply sends `sent` bytes, on the default and on another execution-space instance.
+template <class T, class L, class Plan, class Move>
+void check_plan(const Matrix<T, L>& matrix, Plan&& plan, Move&& move, std::int64_t sent,
+                std::uint64_t seed) {
+  auto target = plan.make_target();
+  Kokkos::deep_copy(target.local(), static_cast<T>(-77));
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(::testing::Message() << "plan apply #" << round);
+    const auto source =
+        round == 0 ? matrix : other_values(matrix, seed * 7919 + static_cast<std::uint64_t>(round));
+    const auto expected = move(source);
+    kshard::reset_comm_stats();
+    if (round == 1) {
+      const ExecSpace instance = other_instance();
+      plan.apply(instance, source, target);
+      instance.fence();
+    } else {
+      plan.apply(source, target);
+    }
+    EXPECT_TRUE(all_ranks(bytes_sent() == sent)) << "apply sent " << bytes_sent();
+    EXPECT_TRUE(all_ranks(same_bits(target.local(), expected.local()))) << "plan.apply";
+  }
+}
+
 // distribute(source) -> redistribute(target): checks the result on every rank, its gather
 // (layouts without Partial), and the bytes sent (exactly the single-dim minimum where it
 // applies; otherwise at most one whole matrix per mesh dimension).
@@ -175,6 +211,9 @@ void check_transition(const kshard::Mesh<N>& mesh, const L& source, const LT& ta
   const auto moved = kshard::redistribute(matrix, target);
   const std::int64_t sent = bytes_sent();
   check_into(matrix, mesh, moved, sent);
+  check_plan(
+      matrix, kshard::plan_redistribute(matrix, target),
+      [&](const auto& m) { return kshard::redistribute(m, target); }, sent, seed);
   bool averaged = false;  // (k x) / k need not be x exactly
   for (std::size_t m = 0; m < N; ++m)
     averaged = averaged ||
@@ -469,7 +508,11 @@ void check_mesh_change(const kshard::Mesh<N>& mesh, const L& layout,
       kshard::distribute<ExecSpace, MemSpace>(mesh, layout, kshard::HostMatrix<const T>(full));
   kshard::reset_comm_stats();
   const auto moved = kshard::redistribute(matrix, target_mesh, target);
-  check_into(matrix, target_mesh, moved, bytes_sent());
+  const std::int64_t sent = bytes_sent();
+  check_into(matrix, target_mesh, moved, sent);
+  const auto move = [&](const auto& m) { return kshard::redistribute(m, target_mesh, target); };
+  check_plan(matrix, kshard::plan_redistribute(matrix, target_mesh, target), move, sent, seed);
+  check_plan(matrix, kshard::plan_redistribute(matrix, moved), move, sent, seed + 1);
   EXPECT_TRUE(all_ranks(shard_matches(moved, full, 0)));
   if constexpr (!L::has_partial) {
     const auto back = kshard::redistribute(moved, mesh, layout);
@@ -609,6 +652,103 @@ TEST(Redistribute, IntoRefusesWrongTargetsAndWritesNothing) {
       Matrix<double, Layout<Replicate>> elsewhere(other, Layout(Replicate{}), 6, 4);
       Kokkos::deep_copy(elsewhere.local(), 3.0);
       expect_refused(elsewhere, "different communicator");
+    });
+  }
+}
+
+// The forms with an execution-space instance first give what the default-instance forms give.
+TEST(Redistribute, InstanceOverloadsMatchTheDefaultInstance) {
+  const int size = world_size();
+  kshard::Mesh<1> line(MPI_COMM_WORLD, {size});
+  kshard::Mesh<2> wide(MPI_COMM_WORLD, {1, size}, {"dp", "tp"});
+  const auto full = reference_matrix<double>(11, 7, 21);
+  const auto matrix = kshard::distribute<ExecSpace, MemSpace>(
+      line, Layout(Shard<0>{}), kshard::HostMatrix<const double>(full));
+  const ExecSpace instance = other_instance();
+  kshard::reset_comm_stats();
+  const auto expected = kshard::redistribute(matrix, Layout(Shard<1>{}));
+  const std::int64_t sent = bytes_sent();
+  kshard::reset_comm_stats();
+  const auto moved = kshard::redistribute(instance, matrix, Layout(Shard<1>{}));
+  instance.fence();
+  EXPECT_TRUE(all_ranks(bytes_sent() == sent));
+  EXPECT_TRUE(all_ranks(same_bits(moved.local(), expected.local())));
+  Matrix<double, Layout<Shard<1>>> into(line, Layout(Shard<1>{}), 11, 7);
+  kshard::redistribute_into(instance, matrix, into);
+  instance.fence();
+  EXPECT_TRUE(all_ranks(same_bits(into.local(), expected.local())));
+  const auto reshaped =
+      kshard::redistribute(instance, matrix, wide, Layout(Shard<1>{}, Shard<0>{}));
+  instance.fence();
+  EXPECT_TRUE(all_ranks(shard_matches(reshaped, full, 0)));
+}
+
+// A plan applied to matrices it was not made for: the same kshard::error on every rank, naming
+// what differs, with neither matrix changed; the plan still works afterwards.
+TEST(Redistribute, PlanRefusesOtherMatricesAndChangesNothing) {
+  const int size = world_size();
+  kshard::Mesh<1> line(MPI_COMM_WORLD, {size});
+  kshard::Mesh<1> twin(MPI_COMM_WORLD, {size});  // the same shape and ranks, another mesh
+  using Source = Layout<StridedShard<0>>;
+  using Target = Layout<Shard<1>>;
+  const auto full = reference_matrix<double>(9, 6, 31);
+  const kshard::HostMatrix<const double> host(full);
+  const auto matrix =
+      kshard::distribute<ExecSpace, MemSpace>(line, Source(StridedShard<0>{2}), host);
+  auto plan = kshard::plan_redistribute(matrix, Target{});
+  const auto target = plan.make_target();
+  plan.apply(matrix, target);
+  const auto expect_refused = [&](const Matrix<double, Source>& source,
+                                  const Matrix<double, Target>& into, const std::string& phrase) {
+    const auto source_before =
+        Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), source.local());
+    const auto into_before = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), into.local());
+    kshard::reset_comm_stats();
+    const auto message = collective_error([&] { plan.apply(source, into); });
+    EXPECT_NE(message.find(phrase), std::string::npos) << message;
+    EXPECT_TRUE(all_ranks(bytes_sent() == 0 && kshard::comm_stats().collectives == 0));
+    EXPECT_TRUE(all_ranks(same_bits(source.local(), source_before)));
+    EXPECT_TRUE(all_ranks(same_bits(into.local(), into_before)));
+  };
+  const auto taller_full = reference_matrix<double>(10, 6, 32);
+  const auto taller = kshard::distribute<ExecSpace, MemSpace>(
+      line, Source(StridedShard<0>{2}), kshard::HostMatrix<const double>(taller_full));
+  expect_refused(taller, target, "the matrix is 10 x 6 but the plan was made for 9 x 6");
+  const auto strided3 =
+      kshard::distribute<ExecSpace, MemSpace>(line, Source(StridedShard<0>{3}), host);
+  expect_refused(strided3, target, "the matrix's layout is (StridedShard(0, sf=3))");
+  const auto elsewhere =
+      kshard::distribute<ExecSpace, MemSpace>(twin, Source(StridedShard<0>{2}), host);
+  expect_refused(elsewhere, target, "the matrix is on another mesh");
+  Matrix<double, Target> wide_target(line, Target{}, 9, 7);
+  expect_refused(matrix, wide_target, "the target is 9 x 7 but the plan was made for 9 x 6");
+  Matrix<double, Target> twin_target(twin, Target{}, 9, 6);
+  expect_refused(matrix, twin_target, "the target is on another mesh");
+  // The plan still works, and gives what redistribute gives.
+  Kokkos::deep_copy(target.local(), -1.0);
+  plan.apply(matrix, target);
+  EXPECT_TRUE(all_ranks(shard_matches(target, full, 0)));
+}
+
+// Planning agrees on its arguments as redistribute does: the same errors on every rank.
+TEST(Redistribute, PlanningErrorsAreCollective) {
+  const int size = world_size();
+  kshard::Mesh<1> line(MPI_COMM_WORLD, {size});
+  const auto full = reference_matrix<double>(6, 4, 9);
+  const auto matrix = kshard::distribute<ExecSpace, MemSpace>(
+      line, Layout(Shard<0>{}), kshard::HostMatrix<const double>(full));
+  auto message = collective_error(
+      [&] { (void)kshard::plan_redistribute(matrix, Layout(StridedShard<1>{0})); });
+  EXPECT_NE(message.find("split factor 0; it must be >= 1"), std::string::npos) << message;
+  Matrix<double, Layout<Replicate>> wider(line, Layout(Replicate{}), 6, 5);
+  message = collective_error([&] { (void)kshard::plan_redistribute(matrix, wider); });
+  EXPECT_NE(message.find("the target is 6 x 5 but the matrix is 6 x 4"), std::string::npos)
+      << message;
+  if (size > 1) {
+    on_half_mesh([&](const kshard::Mesh<1>& other) {
+      message = collective_error(
+          [&] { (void)kshard::plan_redistribute(matrix, other, Layout(Replicate{})); });
+      EXPECT_NE(message.find("different communicator"), std::string::npos) << message;
     });
   }
 }

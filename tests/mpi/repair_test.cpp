@@ -33,6 +33,7 @@ using kshard::test::all_ranks;
 using kshard::test::collective_error;
 using kshard::test::ExecSpace;
 using kshard::test::MemSpace;
+using kshard::test::other_instance;
 using kshard::test::world_size;
 
 template <class T>
@@ -515,6 +516,50 @@ TEST(Repair, RankZeroLogsOneLine) {
   if (!lines.empty()) {
     EXPECT_EQ(lines[0], fmt::format("{}", *report));
   }
+}
+
+// ---- Execution-space instances ----
+
+// repair_embedding_rows (both strategies, with and without an output embedding) and
+// find_damaged_rows with an instance first: the same report and the same bits as the default
+// forms.
+TEST(Repair, InstanceOverloadsMatchDefaultForms) {
+  const ExecSpace space = other_instance();
+  const auto grid = kshard::test::dp_tp_mesh();
+  const Layout layout(StridedShard<0>{2}, Shard<1>{});
+  auto rng = kshard::test::shared_rng(91);
+  auto input_full = kshard::test::reference_matrix<float>(40, 12, 91);
+  const auto output_full = kshard::test::reference_matrix<float>(40, 12, 92);
+  damage(input_full, rng, 4);
+  const auto config = RepairConfig(true, 1e-6, 40).keep_rows({0}).relative_threshold(0.5);
+  const auto mean = RepairConfig(true, 1e-6, 40, RepairStrategy::mean_direction).keep_rows({0});
+  bool same = true;
+  {
+    auto by_default = make(grid, layout, input_full);
+    auto by_instance = make(grid, layout, input_full);
+    const auto output = make(grid, layout, output_full);
+    const auto want = kshard::repair_embedding_rows(by_default, output, config);
+    const auto got = kshard::repair_embedding_rows(space, by_instance, output, config);
+    same = same && want && got && fmt::format("{}", *want) == fmt::format("{}", *got) &&
+           bitwise_equal(kshard::gather(by_default), kshard::gather(by_instance));
+  }
+  {
+    auto by_default = make(grid, layout, input_full);
+    auto by_instance = make(grid, layout, input_full);
+    const auto want = kshard::repair_embedding_rows(by_default, mean);
+    const auto got = kshard::repair_embedding_rows(space, by_instance, mean);
+    same = same && want && got && fmt::format("{}", *want) == fmt::format("{}", *got) &&
+           bitwise_equal(kshard::gather(by_default), kshard::gather(by_instance));
+  }
+  {
+    const auto input = make(grid, layout, input_full);
+    const auto want = kshard::find_damaged_rows(input, config);
+    const auto got = kshard::find_damaged_rows(space, input, config);
+    same = same && want && got && fmt::format("{}", *want) == fmt::format("{}", *got) &&
+           want->repaired_row_ids == got->repaired_row_ids &&
+           bitwise_equal(kshard::gather(input), input_full);
+  }
+  EXPECT_TRUE(all_ranks(same));
 }
 
 }  // namespace

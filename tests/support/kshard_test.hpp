@@ -33,6 +33,18 @@ using kshard::index_t;
 // Set per test executable by CMake: the same tests are built once per Kokkos backend.
 using ExecSpace = KSHARD_TEST_EXECUTION_SPACE;
 using MemSpace = typename ExecSpace::memory_space;
+
+// An instance of ExecSpace other than the default where Kokkos can make one (a partition,
+// Kokkos 4 and later), else a separately constructed one: an operation given it must give the
+// default form's results either way.
+inline ExecSpace other_instance() {
+#if KOKKOS_VERSION >= 40000
+  static const ExecSpace instance = Kokkos::Experimental::partition_space(ExecSpace(), 1, 1)[1];
+  return instance;
+#else
+  return ExecSpace();
+#endif
+}
 #endif
 
 inline int world_size() {

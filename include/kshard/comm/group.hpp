@@ -81,20 +81,19 @@ class Group {
   template <class T>
   void allreduce(T* values, std::int64_t count, ReduceOp op) const {
     const Region region("allreduce");
-    detail::allreduce(values, detail::mpi_count(count, detail::operation_name()), native_op(op),
-                      native());
+    detail::allreduce(values, detail::mpi_count(count), native_op(op), native());
   }
   /// Rank `root`'s `count` host values, everywhere.
   template <class T>
   void bcast(T* values, std::int64_t count, int root) const {
     const Region region("bcast");
-    detail::broadcast(values, detail::mpi_count(count, detail::operation_name()), root, native());
+    detail::broadcast(values, detail::mpi_count(count), root, native());
   }
   /// Every rank's `count` host values, in rank order.
   template <class T>
   void allgather(const T* send, std::int64_t count, T* recv) const {
     const Region region("allgather");
-    detail::allgather(send, detail::mpi_count(count, detail::operation_name()), recv, native());
+    detail::allgather(send, detail::mpi_count(count), recv, native());
   }
 
   /// Rank r's `count` host values land at `displs[r]` of `recv`, `counts[r]` elements.
@@ -102,8 +101,7 @@ class Group {
   void allgatherv(const T* send, std::int64_t count, T* recv, const int* counts,
                   const int* displs) const {
     const Region region("allgatherv");
-    detail::allgatherv(send, detail::mpi_count(count, detail::operation_name()), recv, counts,
-                       displs, native());
+    detail::allgatherv(send, detail::mpi_count(count), recv, counts, displs, native());
   }
   /// Rank `root` receives every rank's `count` host values, rank r's `counts[r]` at
   /// `displs[r]` of `recv` (`recv`, `counts` and `displs` are read on the root only).
@@ -111,8 +109,7 @@ class Group {
   void gatherv(const T* send, std::int64_t count, T* recv, const int* counts, const int* displs,
                int root) const {
     const Region region("gatherv");
-    detail::gatherv(send, detail::mpi_count(count, detail::operation_name()), recv, counts, displs,
-                    root, native());
+    detail::gatherv(send, detail::mpi_count(count), recv, counts, displs, root, native());
   }
   /// Rank `root` sends `counts[r]` host values at `displs[r]` of `send` to each rank r, which
   /// receives its `count` in `recv`.
@@ -120,8 +117,7 @@ class Group {
   void scatterv(const T* send, const int* counts, const int* displs, T* recv, std::int64_t count,
                 int root) const {
     const Region region("scatterv");
-    detail::scatterv(send, counts, displs, recv, detail::mpi_count(count, detail::operation_name()),
-                     root, native());
+    detail::scatterv(send, counts, displs, recv, detail::mpi_count(count), root, native());
   }
 
   // ----- Views written by `space`: contiguous; the backend orders the collective after the

@@ -89,7 +89,7 @@ struct MpiBackend {
  private:
   template <class View>
   static int element_count(const View& view) {
-    return detail::mpi_count(static_cast<std::int64_t>(view.size()), detail::operation_name());
+    return detail::mpi_count(static_cast<std::int64_t>(view.size()));
   }
 };
 

@@ -63,9 +63,6 @@ class Agreement {
   // `between` names the ranks in messages ("ranks", "the ranks of a tp group").
   explicit Agreement(const comm::Group& group, std::string_view between = "ranks")
       : group_(group), between_(between) {}
-  // TRANSITION: algorithm headers not yet on comm::Group.
-  explicit Agreement(MPI_Comm comm, std::string_view between = "ranks")
-      : Agreement(comm::Group(Communicator::borrow(comm)), between) {}
 
   // `value` must be the same on every rank; `what` names it in the error ("the number of rows"),
   // `render` shows a value there (an empty text: the message shows no values).
@@ -196,10 +193,6 @@ class Agreement {
 // failing rank. Call it before mutating anything.
 inline void agree(const comm::Group& group, std::optional<std::string> local_problem) {
   Agreement(group).problem(std::move(local_problem)).settle();
-}
-// TRANSITION: algorithm headers not yet on comm::Group.
-inline void agree(MPI_Comm comm, std::optional<std::string> local_problem) {
-  Agreement(comm).problem(std::move(local_problem)).settle();
 }
 
 // ----- How arguments are described for agreement -------------------------------------------

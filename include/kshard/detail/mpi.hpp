@@ -23,6 +23,8 @@
 #include <fmt/format.h>
 
 #include "kshard/comm_stats.hpp"
+#include "kshard/detail/int_limit.hpp"
+#include "kshard/detail/operation.hpp"
 #include "kshard/detail/watchdog.hpp"
 #include "kshard/error.hpp"
 
@@ -201,12 +203,6 @@ class Communicator {
     check_mpi(MPI_Comm_dup(comm, &copy), "MPI_Comm_dup");
     return Communicator(copy);
   }
-  // Uses a communicator someone else owns and frees (MPI_COMM_WORLD, a caller's).
-  static Communicator borrow(MPI_Comm comm) {
-    Communicator borrowed;
-    borrowed.handle_ = std::make_shared<MPI_Comm>(comm);
-    return borrowed;
-  }
   [[nodiscard]] MPI_Comm get() const { return handle_ ? *handle_ : MPI_COMM_NULL; }
   // Names the communicator for MPI's tools and kshard's watchdog messages.
   void set_name(const std::string& name) const {
@@ -227,11 +223,9 @@ class Communicator {
 };
 
 // MPI counts are int: refuse, rather than truncate, a message longer than INT_MAX elements.
-inline int mpi_count(std::int64_t count, const char* what) {
-  if (count > INT_MAX)
-    throw error(fmt::format("kshard: {} needs {} elements in one MPI message; the limit is {}",
-                            what, count, INT_MAX));
-  return static_cast<int>(count);
+// The running operation names the message.
+inline int mpi_count(std::int64_t count) {
+  return checked_int(count, operation_name(), "the number of elements in one MPI message");
 }
 
 }  // namespace kshard::detail

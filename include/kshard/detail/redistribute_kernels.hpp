@@ -1,166 +1,194 @@
 #pragma once
 
-// Moving blocks of a shard in and out of flat message buffers with Kokkos kernels.
+// Moving blocks of a shard in and out of flat message buffers with Kokkos kernels. The moves of
+// a whole step (every block for every peer, and the elements a rank keeps) are built on the host
+// once, when a plan is made, as a list of contiguous runs in device memory; each pack or unpack
+// is then one kernel over that list.
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
+#include <cstddef>
 #include <vector>
 
+#include "kshard/detail/common_kernels.hpp"
 #include "kshard/detail/redistribute_plan.hpp"
-#include "kshard/detail/staging.hpp"
 #include "kshard/index.hpp"
 
 namespace kshard::detail {
 
-// One block of a message: rows x cols elements, whose local indices are entries
-// [row_begin, row_begin + rows) and [col_begin, col_begin + cols) of the index lists, stored
-// row-major from `offset` in the message buffer.
-struct Block {
-  index_t row_begin = 0;
-  index_t rows = 0;
-  index_t col_begin = 0;
-  index_t cols = 0;
-  index_t offset = 0;
+// One contiguous run of a move: `count` elements from flat position `from` of source `source`
+// (0: the primary source, 1: the secondary) to flat position `to` of the destination. Shards
+// are row-major and contiguous, so position = local row * local width + local column; a
+// message buffer is its own flat positions.
+struct Move {
+  index_t from = 0;
+  index_t to = 0;
+  index_t count = 0;
+  int source = 0;
 };
 
-// Host-built index lists for a set of blocks (one side of the transfer).
-struct BlockLists {
-  std::vector<index_t> rows;
-  std::vector<index_t> cols;
-  std::vector<Block> blocks;
-
-  // Adds the block of elements in `row_runs` x `col_runs`, using their local indices on side
-  // a or b; returns its number of elements.
-  index_t add(const std::vector<Overlap>& row_runs, const std::vector<Overlap>& col_runs,
-              bool side_a, index_t offset) {
-    Block b;
-    b.row_begin = static_cast<index_t>(rows.size());
-    b.col_begin = static_cast<index_t>(cols.size());
-    b.offset = offset;
-    for (const Overlap& o : row_runs)
-      for (index_t i = 0; i < o.size; ++i) rows.push_back((side_a ? o.a_local : o.b_local) + i);
-    for (const Overlap& o : col_runs)
-      for (index_t i = 0; i < o.size; ++i) cols.push_back((side_a ? o.a_local : o.b_local) + i);
-    b.rows = static_cast<index_t>(rows.size()) - b.row_begin;
-    b.cols = static_cast<index_t>(cols.size()) - b.col_begin;
-    blocks.push_back(b);
-    return b.rows * b.cols;
-  }
-};
-
-// True when unpacking `lists` into a row-major shard `cols` wide is the identity: every block
-// is whole consecutive rows, and its message offset is where those rows start in the shard.
-inline bool lands_in_place(const BlockLists& lists, index_t cols) {
-  for (const Block& b : lists.blocks) {
-    if (b.rows == 0 || b.cols == 0) continue;
-    if (b.cols != cols) return false;
-    for (index_t j = 0; j < cols; ++j)
-      if (lists.cols[static_cast<std::size_t>(b.col_begin + j)] != j) return false;
-    const index_t first = lists.rows[static_cast<std::size_t>(b.row_begin)];
-    for (index_t i = 0; i < b.rows; ++i)
-      if (lists.rows[static_cast<std::size_t>(b.row_begin + i)] != first + i) return false;
-    if (b.offset != first * cols) return false;
-  }
-  return true;
-}
-
-template <class MemSpace>
-Kokkos::View<const index_t*, MemSpace> to_space(const std::vector<index_t>& values) {
-  Kokkos::View<index_t*, MemSpace> result(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::indices"),
-      values.size());
-  Kokkos::View<const index_t*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(
-      values.data(), values.size());
-  Kokkos::deep_copy(result, host);
-  return result;
-}
-
-enum class BlockMove { pack, unpack };
-
-// pack: buffer(offset + row-major position) = shard(rows[row_begin + i], cols[col_begin + j]);
-// unpack: the reverse assignment. A named functor: nvcc rejects a device lambda whose captures
-// are first used inside `if constexpr`.
-template <BlockMove Move, class Shard, class Buffer, class Indices>
-struct MoveBlock {
-  Shard shard;
-  Buffer buffer;
-  Indices rows;
-  Indices cols;
-  index_t row_begin = 0;
-  index_t col_begin = 0;
+// One end of a block: a shard (its local indices on side a or b of the overlaps, `width`
+// columns wide) or a message buffer (the block stored row-major from `offset`).
+struct MoveEnd {
+  bool buffer = false;
+  bool side_a = true;
   index_t width = 0;
   index_t offset = 0;
+};
 
-  KOKKOS_INLINE_FUNCTION void operator()(const index_t i, const index_t j) const {
-    if constexpr (Move == BlockMove::pack)
-      buffer(offset + i * width + j) = shard(rows(row_begin + i), cols(col_begin + j));
-    else
-      shard(rows(row_begin + i), cols(col_begin + j)) = buffer(offset + i * width + j);
+inline MoveEnd shard_end(bool side_a, index_t width) { return {false, side_a, width, 0}; }
+inline MoveEnd buffer_end(index_t offset) { return {true, true, 0, offset}; }
+
+// Runs of a move built on the host; consecutive runs that continue each other are merged (whole
+// rows of a full-width block become one run).
+class MoveList {
+ public:
+  void add(int source, index_t from, index_t to, index_t count) {
+    if (count <= 0) return;
+    elements_ += count;
+    if (!moves_.empty()) {
+      Move& last = moves_.back();
+      if (last.source == source && last.from + last.count == from && last.to + last.count == to) {
+        last.count += count;
+        return;
+      }
+    }
+    moves_.push_back({from, to, count, source});
+  }
+
+  // Adds the block of elements in `row_runs` x `col_runs` from `from` (of source `source`) to
+  // `to`; returns its number of elements.
+  index_t add_block(const std::vector<Overlap>& row_runs, const std::vector<Overlap>& col_runs,
+                    int source, const MoveEnd& from, const MoveEnd& to) {
+    const index_t width = total_size(col_runs);
+    const index_t height = total_size(row_runs);
+    if (width == 0 || height == 0) return 0;
+    auto position = [&](const MoveEnd& end, index_t block_row, index_t block_col,
+                        const Overlap& row, index_t k, const Overlap& col) {
+      if (end.buffer) return end.offset + block_row * width + block_col;
+      const index_t r = (end.side_a ? row.a_local : row.b_local) + k;
+      const index_t c = end.side_a ? col.a_local : col.b_local;
+      return r * end.width + c;
+    };
+    index_t block_row = 0;
+    for (const Overlap& row : row_runs)
+      for (index_t k = 0; k < row.size; ++k, ++block_row) {
+        index_t block_col = 0;
+        for (const Overlap& col : col_runs) {
+          add(source, position(from, block_row, block_col, row, k, col),
+              position(to, block_row, block_col, row, k, col), col.size);
+          block_col += col.size;
+        }
+      }
+    return width * height;
+  }
+
+  // Appends the runs of `other` (after this list's).
+  void append(const MoveList& other) {
+    for (const Move& m : other.moves_) add(m.source, m.from, m.to, m.count);
+  }
+
+  [[nodiscard]] const std::vector<Move>& moves() const { return moves_; }
+  [[nodiscard]] index_t elements() const { return elements_; }
+  [[nodiscard]] bool empty() const { return moves_.empty(); }
+
+  // True when the moves copy buffer position p to shard position p for every element of a
+  // buffer of `size` elements (a block layout that lands in place).
+  [[nodiscard]] bool is_identity(index_t size) const {
+    index_t next = 0;
+    for (const Move& m : moves_) {
+      if (m.source != 0 || m.from != m.to || m.from != next) return false;
+      next += m.count;
+    }
+    return next == size;
+  }
+
+ private:
+  std::vector<Move> moves_;
+  index_t elements_ = 0;
+};
+
+// A move list in the memory of `MemSpace`, its runs cut to at most `chunk` elements so that one
+// kernel spreads a large block over every thread.
+template <class MemSpace>
+struct DeviceMoves {
+  Kokkos::View<const Move*, MemSpace> moves;
+  index_t size = 0;  // number of runs
+
+  static constexpr index_t chunk = 8192;
+
+  DeviceMoves() = default;
+  template <class Space>
+  DeviceMoves(const Space& space, const MoveList& list) {
+    std::vector<Move> cut;
+    for (const Move& m : list.moves())
+      for (index_t done = 0; done < m.count; done += chunk)
+        cut.push_back({m.from + done, m.to + done, std::min(chunk, m.count - done), m.source});
+    size = static_cast<index_t>(cut.size());
+    moves = vector_to_space<MemSpace>(space, cut, "kshard::redistribute::moves");  // plan time
   }
 };
 
-template <class ExecSpace, BlockMove Move, class Shard, class Buffer>
-void move_blocks(const Shard& shard, const BlockLists& lists, const Buffer& buffer) {
-  using MemSpace = typename Shard::memory_space;
-  const auto rows = to_space<MemSpace>(lists.rows);
-  const auto cols = to_space<MemSpace>(lists.cols);
-  for (const Block& b : lists.blocks) {
-    if (b.rows == 0 || b.cols == 0) continue;
+// dst[m.to + j] = (m.source == 0 ? src0 : src1)[m.from + j] for every run m. On host spaces one
+// iteration per run (a straight loop the compiler vectorises); elsewhere one team per run, its
+// threads on consecutive elements.
+template <class T, class Moves>
+struct RunMoves {
+  Moves moves;
+  T* dst;
+  const T* src0;
+  const T* src1;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t k) const {
+    const Move m = moves(k);
+    const T* src = (m.source == 0 ? src0 : src1) + m.from;
+    T* out = dst + m.to;
+    for (index_t j = 0; j < m.count; ++j) out[j] = src[j];
+  }
+
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& member) const {
+    const Move m = moves(member.league_rank());
+    const T* src = (m.source == 0 ? src0 : src1) + m.from;
+    T* out = dst + m.to;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, m.count),
+                         [&](const index_t j) { out[j] = src[j]; });
+  }
+};
+
+// One kernel on `space` that runs every move of `moves` (nothing when there are none).
+template <class ExecSpace, class T, class MemSpace>
+void run_moves(const ExecSpace& space, const DeviceMoves<MemSpace>& moves, T* dst, const T* src0,
+               const T* src1) {
+  if (moves.size == 0) return;
+  using Functor = RunMoves<T, Kokkos::View<const Move*, MemSpace>>;
+  const Functor functor{moves.moves, dst, src0, src1};
+  if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
     Kokkos::parallel_for(
-        Move == BlockMove::pack ? "kshard::redistribute::pack" : "kshard::redistribute::unpack",
-        Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {b.rows, b.cols}),
-        MoveBlock<Move, Shard, Buffer, decltype(rows)>{shard, buffer, rows, cols, b.row_begin,
-                                                       b.col_begin, b.cols, b.offset});
+        "kshard::redistribute::move",
+        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, moves.size), functor);
+  } else {
+    Kokkos::parallel_for(
+        "kshard::redistribute::move",
+        Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(moves.size), Kokkos::AUTO), functor);
   }
 }
 
-template <class ExecSpace, class Shard, class Buffer>
-void pack_blocks(const Shard& shard, const BlockLists& lists, const Buffer& buffer) {
-  move_blocks<ExecSpace, BlockMove::pack>(shard, lists, buffer);
-}
+// True when unpacking `list` into a row-major shard of `size` elements is the identity: MPI
+// may then receive straight into the shard.
+inline bool lands_in_place(const MoveList& list, index_t size) { return list.is_identity(size); }
 
-template <class ExecSpace, class Buffer, class Shard>
-void unpack_blocks(const Buffer& buffer, const BlockLists& lists, const Shard& shard) {
-  move_blocks<ExecSpace, BlockMove::unpack>(shard, lists, buffer);
-}
-
-// out(out_rows[a], out_cols[b]) = in(in_rows[a], in_cols[b]): a local copy between two
-// shards, for blocks that line up entry by entry (no message).
-template <class ExecSpace, class In, class Out>
-void copy_blocks(const In& in, const BlockLists& from, const Out& out, const BlockLists& to) {
-  using MemSpace = typename Out::memory_space;
-  const auto in_rows = to_space<MemSpace>(from.rows);
-  const auto in_cols = to_space<MemSpace>(from.cols);
-  const auto out_rows = to_space<MemSpace>(to.rows);
-  const auto out_cols = to_space<MemSpace>(to.cols);
-  for (std::size_t k = 0; k < from.blocks.size(); ++k) {
-    const Block& b = from.blocks[k];
-    if (b.rows == 0 || b.cols == 0) continue;
-    const index_t rb = b.row_begin;
-    const index_t cb = b.col_begin;
-    const index_t orb = to.blocks[k].row_begin;
-    const index_t ocb = to.blocks[k].col_begin;
-    Kokkos::parallel_for(
-        "kshard::redistribute::copy",
-        Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {b.rows, b.cols}),
-        KOKKOS_LAMBDA(const index_t i, const index_t j) {
-          out(out_rows(orb + i), out_cols(ocb + j)) = in(in_rows(rb + i), in_cols(cb + j));
-        });
-  }
-}
-
-// shard /= divisor, elementwise (the mean of a Partial<avg>).
-template <class ExecSpace, class Shard>
-void divide_all(const Shard& shard, int divisor) {
-  using T = typename Shard::non_const_value_type;
+// Divides every element of a contiguous buffer of `size` elements by `divisor` (the mean of a
+// Partial<avg>), on `space`.
+template <class ExecSpace, class T>
+void divide_all(const ExecSpace& space, T* data, index_t size, int divisor) {
+  if (size == 0) return;
   const T d = static_cast<T>(divisor);
-  const auto rows = static_cast<index_t>(shard.extent(0));
-  const auto cols = static_cast<index_t>(shard.extent(1));
-  if (rows == 0 || cols == 0) return;
   Kokkos::parallel_for(
       "kshard::redistribute::average",
-      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {rows, cols}),
-      KOKKOS_LAMBDA(const index_t i, const index_t j) { shard(i, j) = shard(i, j) / d; });
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, size),
+      KOKKOS_LAMBDA(const index_t i) { data[i] = data[i] / d; });
 }
 
 }  // namespace kshard::detail

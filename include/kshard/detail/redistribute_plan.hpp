@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "kshard/detail/int_limit.hpp"
 #include "kshard/error.hpp"
 #include "kshard/index.hpp"
 #include "kshard/layout_mapping.hpp"
@@ -144,10 +145,7 @@ inline bool same_data(const MeshDimAction& a, ReduceOp a_op, const MeshDimAction
 }
 
 inline void check_message_size(index_t elements, const char* who) {
-  if (elements > INT_MAX)
-    throw error(
-        fmt::format("kshard::{}: a shard of {} elements would be one MPI message; the limit is {}",
-                    who, elements, INT_MAX));
+  checked_int(elements, who, "a shard's element count (sent as one MPI message)");
 }
 
 struct StepChoice {

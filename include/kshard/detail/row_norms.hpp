@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "kshard/bfloat16.hpp"
+#include "kshard/detail/int_limit.hpp"
 #include "kshard/index.hpp"
 
 // The bf16 host kernel uses x86 vector intrinsics where the compiler targets them (host code
@@ -206,7 +207,9 @@ void local_row_squared_norms(const ExecSpace& space, const View& local, const Ou
     using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
     Kokkos::parallel_for(
         "kshard::row_norms",
-        Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(rows), Kokkos::AUTO),
+        Kokkos::TeamPolicy<ExecSpace>(
+            space, checked_int(rows, "row norms", "the number of local rows (one team each)"),
+            Kokkos::AUTO),
         KOKKOS_LAMBDA(const Team& team) {
           const index_t i = team.league_rank();
           double sum = 0;

@@ -83,21 +83,4 @@ void with_mpi_access(const ExecSpace& space, const View& view, bool read, bool w
   }
 }
 
-// The contents of `view` in host memory, once `space` has written them: the view itself when
-// it is host memory, else a copy made on `space` (fenced, so the host may read it).
-template <class ExecSpace, class View>
-auto host_copy(const ExecSpace& space, const View& view) {
-  auto host = Kokkos::create_mirror_view(Kokkos::HostSpace(), view);
-  Kokkos::deep_copy(space, host, view);
-  fence(space, "kshard: a view is in host memory for the host to read");
-  return host;
-}
-
-// In-place all-reduce of a contiguous view over `comm`, after `space` finished writing it.
-template <class ExecSpace, class View>
-void allreduce_view(const ExecSpace& space, const View& view, MPI_Op op, MPI_Comm comm) {
-  const int count = mpi_count(static_cast<std::int64_t>(view.size()), "kshard all-reduce");
-  with_mpi_access(space, view, true, true, [&](auto* data) { allreduce(data, count, op, comm); });
-}
-
 }  // namespace kshard::detail

@@ -51,6 +51,7 @@
 
 #include "kshard/bfloat16.hpp"
 #include "kshard/detail/agreement.hpp"
+#include "kshard/detail/common_kernels.hpp"
 #include "kshard/detail/mpi.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/dist_matrix.hpp"
@@ -404,7 +405,8 @@ UpdatePart update_part(const ExecSpace& space, const M& matrix,
     runs = map.rows.runs();
   }
   part.types = shard_types(map, runs, static_cast<int>(sizeof(T)));
-  const auto host = kshard::detail::host_copy(space, matrix.local());
+  const auto host =
+      kshard::detail::to_host(space, matrix.local(), "kshard::io: the shard, for the write");
   const auto row_bytes = static_cast<std::size_t>(map.cols.local_extent()) * sizeof(T);
   part.bytes.resize(static_cast<std::size_t>(part.types.bytes));
   std::size_t at = 0;

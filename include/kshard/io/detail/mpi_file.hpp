@@ -45,20 +45,13 @@ class Datatype {
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
 };
 
-// An int count for MPI, or an error naming what is too long.
-inline int checked_int(index_t value, const char* what) {
-  if (value < 0 || value > INT_MAX)
-    throw error(fmt::format("kshard::io: {} is {}; one MPI-IO call takes at most {}", what, value,
-                            INT_MAX));
-  return static_cast<int>(value);
-}
-
 // `count` consecutive elements of `element_bytes` bytes each.
 inline MPI_Datatype contiguous_bytes(index_t count, int element_bytes) {
   MPI_Datatype element = MPI_DATATYPE_NULL;
   check_mpi(MPI_Type_contiguous(element_bytes, MPI_BYTE, &element), "MPI_Type_contiguous");
   MPI_Datatype type = MPI_DATATYPE_NULL;
-  const int rc = MPI_Type_contiguous(checked_int(count, "a row's element count"), element, &type);
+  const int rc = MPI_Type_contiguous(
+      kshard::detail::checked_int(count, "io", "a row's element count"), element, &type);
   MPI_Type_free(&element);
   check_mpi(rc, "MPI_Type_contiguous");
   return type;
@@ -71,12 +64,14 @@ inline MPI_Datatype runs_type(const std::vector<IndexRun>& runs, MPI_Aint stride
   std::vector<int> lengths;
   std::vector<MPI_Aint> displacements;
   for (const IndexRun& run : runs) {
-    lengths.push_back(checked_int(run.size, "a run of consecutive rows or columns"));
+    lengths.push_back(
+        kshard::detail::checked_int(run.size, "io", "a run of consecutive rows or columns"));
     displacements.push_back(static_cast<MPI_Aint>(run.global_begin) * stride);
   }
   MPI_Datatype type = MPI_DATATYPE_NULL;
-  check_mpi(MPI_Type_create_hindexed(checked_int(static_cast<index_t>(runs.size()), "a run count"),
-                                     lengths.data(), displacements.data(), base, &type),
+  check_mpi(MPI_Type_create_hindexed(
+                kshard::detail::checked_int(static_cast<index_t>(runs.size()), "io", "a run count"),
+                lengths.data(), displacements.data(), base, &type),
             "MPI_Type_create_hindexed");
   return type;
 }
@@ -90,17 +85,18 @@ inline MPI_Datatype rows_type(const std::vector<IndexRun>& runs, MPI_Aint row_by
   std::vector<MPI_Aint> displacements;
   for (const IndexRun& run : runs) {
     MPI_Datatype vector = MPI_DATATYPE_NULL;
-    check_mpi(MPI_Type_create_hvector(checked_int(run.size, "a run of consecutive rows"), 1,
-                                      row_bytes, row, &vector),
+    check_mpi(MPI_Type_create_hvector(
+                  kshard::detail::checked_int(run.size, "io", "a run of consecutive rows"), 1,
+                  row_bytes, row, &vector),
               "MPI_Type_create_hvector");
     vectors.push_back(vector);
     displacements.push_back(static_cast<MPI_Aint>(run.global_begin) * row_bytes);
   }
   const std::vector<int> ones(vectors.size(), 1);
   MPI_Datatype type = MPI_DATATYPE_NULL;
-  const int rc =
-      MPI_Type_create_struct(checked_int(static_cast<index_t>(vectors.size()), "a run count"),
-                             ones.data(), displacements.data(), vectors.data(), &type);
+  const int rc = MPI_Type_create_struct(
+      kshard::detail::checked_int(static_cast<index_t>(vectors.size()), "io", "a run count"),
+      ones.data(), displacements.data(), vectors.data(), &type);
   for (MPI_Datatype& vector : vectors) MPI_Type_free(&vector);
   check_mpi(rc, "MPI_Type_create_struct");
   return type;
@@ -136,7 +132,7 @@ ShardTypes shard_types(const LayoutMapping<N>& mapping, const std::vector<IndexR
   MPI_Type_free(&row);
   types.file = Datatype(file);
   types.memory = Datatype(contiguous_bytes(cols, element_bytes));
-  types.count = checked_int(rows, "a shard's row count");
+  types.count = kshard::detail::checked_int(rows, "io", "a shard's row count");
   types.bytes = rows * cols * element_bytes;
   return types;
 }

@@ -1,0 +1,191 @@
+#pragma once
+
+// Small helpers that several algorithms need, written once and run on an execution-space
+// instance: host -> device copies of index lists and views, the column-sum kernel, the
+// per-row-sum kernel with its host/device fork, and the int and id-range checks behind the
+// error messages.
+//
+// Every function that runs work takes the instance first, runs its kernels and copies on it,
+// and fences only that instance (`fence(space, why)`), only where the host reads what it made
+// or frees what it reads.
+
+#include <Kokkos_Core.hpp>
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kshard/bfloat16.hpp"
+#include "kshard/detail/int_limit.hpp"
+#include "kshard/detail/kokkos_compat.hpp"
+#include "kshard/detail/row_norms.hpp"
+#include "kshard/index.hpp"
+
+namespace kshard::detail {
+
+// ---------------------------------------------------------------------------------------------
+// Checks
+
+// Why `id` is not a row of a vocabulary of `vocab` rows (ids do not wrap here).
+inline std::optional<std::string> id_range_problem(index_t id, index_t vocab, const char* who,
+                                                   std::string_view what = "token id") {
+  if (id >= 0 && id < vocab) return std::nullopt;
+  return fmt::format(
+      "kshard::{}: {} {} is out of range for a vocabulary of {} rows (valid: 0 <= id < {})", who,
+      what, id, vocab, vocab);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Copies
+
+// `values` in a new view of `MemSpace`, copied on `space`. Fences `space` before returning: the
+// host vector may be freed as soon as this returns.
+template <class MemSpace, class ExecSpace, class T>
+Kokkos::View<T*, MemSpace> vector_to_space(const ExecSpace& space, const std::vector<T>& values,
+                                           const std::string& label) {
+  Kokkos::View<T*, MemSpace> result(Kokkos::view_alloc(Kokkos::WithoutInitializing, label),
+                                    values.size());
+  if (values.empty()) return result;
+  const Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> host(values.data(),
+                                                                                values.size());
+  Kokkos::deep_copy(space, result, host);
+  fence(space, "kshard: an index list is copied before its host vector is freed");
+  return result;
+}
+
+// A view of `MemSpace` with the contents of `view`: `view` itself when it already lives there,
+// else a copy made on `space`. `space` is fenced when a copy was made (so `view` may be freed).
+template <class MemSpace, class ExecSpace, class View>
+Kokkos::View<typename View::const_data_type, typename View::array_layout, MemSpace> copy_to_space(
+    const ExecSpace& space, const View& view, const char* why) {
+  using Result =
+      Kokkos::View<typename View::const_data_type, typename View::array_layout, MemSpace>;
+  if constexpr (std::is_same_v<typename View::memory_space, MemSpace>) {
+    (void)space;
+    (void)why;
+    return view;
+  } else {
+    Kokkos::View<typename View::non_const_data_type, typename View::array_layout, MemSpace> copy(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, view.label()), view.layout());
+    Kokkos::deep_copy(space, copy, view);
+    fence(space, why);
+    return Result(copy);
+  }
+}
+
+// The contents of `view` readable on the host once the work `space` submitted (which wrote it)
+// is done: `view` itself when the host can read it, else a host copy made on `space`. `space`
+// is fenced either way (`why` labels the fence), so the host may read the result at once.
+// Unlike a mirror-and-deep_copy, takes views of const elements too.
+template <class ExecSpace, class View>
+auto to_host(const ExecSpace& space, const View& view, const char* why) {
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                           typename View::memory_space>::accessible) {
+    fence(space, why);
+    return view;
+  } else {
+    Kokkos::View<typename View::non_const_data_type, typename View::array_layout, Kokkos::HostSpace>
+        host(Kokkos::view_alloc(Kokkos::WithoutInitializing, view.label()), view.layout());
+    Kokkos::deep_copy(space, host, view);
+    fence(space, why);
+    return host;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+
+// sums(j) += the sum over the rows i with keep(i) of values(i, j), for every column j: each
+// sum taken in increasing row order in the type of `sums` (a bf16 or float element widened
+// through its compute type). One work item per block of `Block` columns sums it down the rows,
+// so every row is read contiguously; the result does not depend on `Block`.
+template <int Block = 16, class ExecSpace, class View, class Sums, class Keep>
+void add_column_sums(const ExecSpace& space, const char* label, const View& values,
+                     const Sums& sums, const Keep& keep) {
+  using Sum = typename Sums::non_const_value_type;
+  using Compute = compute_type_t<typename View::non_const_value_type>;
+  constexpr index_t block = Block;
+  const auto rows = static_cast<index_t>(values.extent(0));
+  const auto cols = static_cast<index_t>(values.extent(1));
+  Kokkos::parallel_for(
+      label,
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0,
+                                                                 (cols + block - 1) / block),
+      KOKKOS_LAMBDA(const index_t b) {
+        const index_t begin = b * block;
+        const index_t width = cols - begin < block ? cols - begin : block;
+        Sum sum[block] = {};
+        for (index_t i = 0; i < rows; ++i)
+          if (keep(i))
+            for (index_t t = 0; t < width; ++t)
+              sum[t] += static_cast<Sum>(static_cast<Compute>(values(i, begin + t)));
+        for (index_t t = 0; t < width; ++t) sums(begin + t) += sum[t];
+      });
+}
+
+// Every row: for add_column_sums.
+struct AllRows {
+  KOKKOS_INLINE_FUNCTION bool operator()(index_t) const { return true; }
+};
+
+// For every row i in [0, rows): store(i, s) with s the fp64 sum over j in [0, cols) of
+// element(i, j). The host/device fork, written once: on host execution spaces one work item per
+// row adds the columns in order (with `Lanes` = 8, into eight interleaved accumulators combined
+// as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)), which lets the compiler vectorise and hides the
+// latency of the add chain); on device spaces a team per row reduces the columns. The result is
+// deterministic for a given build and backend. `rows` must fit an int (a team policy's league
+// size): callers check int_limit_problem first.
+template <int Lanes = 1, class ExecSpace, class Element, class Store>
+void row_sums(const ExecSpace& space, const char* label, index_t rows, index_t cols,
+              const Element& element, const Store& store) {
+  static_assert(Lanes == 1 || Lanes == 8, "kshard::detail::row_sums: 1 or 8 lanes");
+  if (rows == 0) return;
+  if constexpr (is_host_space_v<ExecSpace>) {
+    Kokkos::parallel_for(
+        label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, rows),
+        KOKKOS_LAMBDA(const index_t i) {
+          if constexpr (Lanes == 8) {
+            double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+            index_t j = 0;
+            for (; j + 8 <= cols; j += 8) {
+              a0 += element(i, j);
+              a1 += element(i, j + 1);
+              a2 += element(i, j + 2);
+              a3 += element(i, j + 3);
+              a4 += element(i, j + 4);
+              a5 += element(i, j + 5);
+              a6 += element(i, j + 6);
+              a7 += element(i, j + 7);
+            }
+            for (; j < cols; ++j) a0 += element(i, j);
+            store(i, ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)));
+          } else {
+            double sum = 0;
+            for (index_t j = 0; j < cols; ++j) sum += element(i, j);
+            store(i, sum);
+          }
+        });
+  } else {
+    using Policy = Kokkos::TeamPolicy<ExecSpace>;
+    Kokkos::parallel_for(
+        label, Policy(space, static_cast<int>(rows), Kokkos::AUTO),
+        KOKKOS_LAMBDA(const typename Policy::member_type& team) {
+          const index_t i = team.league_rank();
+          double sum = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(team, cols),
+              [&](const index_t j, double& acc) { acc += element(i, j); }, sum);
+          Kokkos::single(Kokkos::PerTeam(team), [&] { store(i, sum); });
+        });
+  }
+}
+
+}  // namespace kshard::detail

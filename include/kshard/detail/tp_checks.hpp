@@ -1,0 +1,142 @@
+#pragma once
+
+// The argument rules shared by the tensor-parallel headers (embedding.hpp, region.hpp,
+// linear.hpp): what a layout, a view or a `tp_dim` must be, the messages that name what is
+// wrong, and the agreements of the functions that communicate.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include "kshard/detail/agreement.hpp"
+#include "kshard/detail/mpi.hpp"
+#include "kshard/dist_matrix.hpp"
+#include "kshard/error.hpp"
+#include "kshard/format.hpp"
+#include "kshard/mesh.hpp"
+
+namespace kshard::detail {
+
+// Number of mesh dimensions of layout L that split some tensor dimension.
+template <class L>
+constexpr int tp_splitting_dims() {
+  int count = 0;
+  for (int d : L::tensor_dims) count += d >= 0 ? 1 : 0;
+  return count;
+}
+
+// True when L splits tensor dimension `D` over exactly one mesh dimension and nothing else.
+template <class L, int D>
+inline constexpr bool tp_layout_v = tp_splitting_dims<L>() == 1 && L::splits(D);
+
+template <class T>
+inline constexpr bool tp_float_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+// A Kokkos view: tells an output-view argument from a `tp_dim` in overloads.
+template <class V>
+concept KokkosView = Kokkos::is_view<V>::value;
+
+template <class V>
+constexpr bool is_view_of_rank(int rank) {
+  if constexpr (Kokkos::is_view<V>::value)
+    return static_cast<int>(V::rank) == rank;
+  else
+    return false;
+}
+
+// The one mesh dimension that splits a tensor-parallel layout (tp_layout_v): the tp groups are
+// the ranks along it.
+template <class L>
+constexpr std::size_t splitting_dim() {
+  for (std::size_t m = 0; m < L::rank; ++m)
+    if (L::tensor_dims[m] >= 0) return m;
+  return 0;
+}
+
+// A new matrix view of the element type and memory space of `M`, as the layers return.
+template <class M>
+using tp_matrix_view_t =
+    Kokkos::View<typename M::value_type**, Kokkos::LayoutRight, typename M::memory_space>;
+
+// `tp_dim` must name a mesh dimension that splits tensor dimension `dim` of `matrix`. Functions
+// that communicate fold this into their agreement (a `tp_dim` may differ between ranks); the
+// others throw it where it is found.
+template <class M>
+std::optional<std::string> tp_dim_problem(const M& matrix, std::size_t tp_dim, int dim,
+                                          const char* who, const char* what) {
+  using L = typename M::layout_type;
+  const auto& mesh = matrix.mesh();
+  if (tp_dim >= L::rank)
+    return fmt::format("kshard::{}: tp_dim is {}, but the mesh {} has {} dimension(s)", who, tp_dim,
+                       mesh, L::rank);
+  if (L::tensor_dims[tp_dim] == dim) return std::nullopt;
+  std::size_t split = 0;
+  while (split < L::rank && L::tensor_dims[split] < 0) ++split;
+  return fmt::format(
+      "kshard::{}: the {} layout {} on {} does not shard tensor dimension {} over mesh "
+      "dimension {} ('{}'); it must be Shard({}) or StridedShard({}) there (it shards "
+      "dimension {} over mesh dimension {} ('{}'))",
+      who, what, matrix.layout(), mesh, dim, tp_dim, mesh.names()[tp_dim], dim, dim,
+      L::tensor_dims[split], split, mesh.names()[split]);
+}
+
+// A weight gradient must be laid out like its weight: same global shape, layout and mesh.
+template <class P, class G>
+std::optional<std::string> placement_problem(const P& param, const G& grad, const char* who,
+                                             const char* what) {
+  static_assert(std::is_same_v<typename P::layout_type, typename G::layout_type>,
+                "kshard: a gradient matrix must have the layout type of its parameter");
+  static_assert(std::is_same_v<typename P::memory_space, typename G::memory_space>,
+                "kshard: a gradient matrix must live in its parameter's memory space");
+  if (grad.rows() != param.rows() || grad.cols() != param.cols())
+    return fmt::format("kshard::{}: {} is {} x {} but the weight is {} x {}", who, what,
+                       grad.rows(), grad.cols(), param.rows(), param.cols());
+  if (!(grad.layout() == param.layout()))
+    return fmt::format("kshard::{}: {} has layout {} but the weight has {}", who, what,
+                       grad.layout(), param.layout());
+  if (param.mesh().shape() != grad.mesh().shape() ||
+      !param.mesh().group().same_ranks_as(grad.mesh().group()))
+    return fmt::format("kshard::{}: {} is on {} but the weight is on {}, not the same mesh", who,
+                       what, grad.mesh(), param.mesh());
+  return std::nullopt;
+}
+
+inline void throw_if(const std::optional<std::string>& problem) {
+  if (problem) throw error(*problem);
+}
+
+// "R x C": the extents of a rank-2 view, for messages.
+template <class V>
+std::string shape_of(const V& v) {
+  return fmt::format("{} x {}", v.extent(0), v.extent(1));
+}
+
+// What the ranks of one tp group must share (`fill` adds it to an Agreement), compared within
+// the group. The outcome is the same on every rank of the group and becomes a problem of the
+// mesh-wide agreement that follows, so a difference inside one group stops every rank.
+template <std::size_t N, class Fill>
+std::optional<std::string> agree_in_tp_group(const Mesh<N>& mesh, std::size_t split, Fill&& fill) {
+  if (mesh.extent(split) == 1) return std::nullopt;
+  Agreement group(mesh.dim_group(split), "the ranks of a tp group");
+  fill(group);
+  return group.outcome();
+}
+
+// The mesh-wide agreement of a tensor-parallel call on `matrix` (its element type, shape and
+// layout) and `tp_dim`, with this rank's problems.
+template <class M>
+Agreement tp_agreement(const M& matrix, std::string_view role, std::size_t tp_dim) {
+  Agreement agreement(matrix.mesh().group());
+  same_matrix(agreement, matrix, role);
+  agreement.same("tp_dim", static_cast<std::int64_t>(tp_dim));
+  return agreement;
+}
+
+}  // namespace kshard::detail
