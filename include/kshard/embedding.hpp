@@ -249,8 +249,7 @@ void vocab_parallel_lookup(const ExecSpace& space, const M& table, const IdView&
             out(i, j) = static_cast<Out>(local(l, j)) * s;
           });
       });
-  if (table.mesh().extent(tp_dim) > 1)
-    detail::allreduce_sum_any(space, out, table.mesh().dim_group(tp_dim));
+  detail::sum_over_tp(space, table.mesh(), tp_dim, out);
 }
 
 /// `vocab_parallel_lookup(space, table, ids, out, tp_dim, scale)` on a default instance of the

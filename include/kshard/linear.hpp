@@ -23,6 +23,7 @@
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
 #include "kshard/format.hpp"
+#include "kshard/region.hpp"
 
 namespace kshard {
 
@@ -94,14 +95,6 @@ tp_matrix_view_t<W> layer_result(const std::string& label, std::size_t n, index_
                              static_cast<std::size_t>(cols));
 }
 
-// In-place SUM of a layer's result over the tp group, after `space` wrote it (none when the tp
-// dimension has extent 1).
-template <class ExecSpace, class W, class View>
-void sum_over_tp(const ExecSpace& space, const W& weight, std::size_t tp_dim, const View& values) {
-  if (weight.mesh().extent(tp_dim) > 1)
-    weight.mesh().dim_group(tp_dim).allreduce(space, values, ReduceOp::sum);
-}
-
 // Row-parallel forward: y = allreduce_tp(x_local W_local^T) (+ bias).
 template <class ExecSpace, class W, class X, class B>
 tp_matrix_view_t<W> row_forward(const ExecSpace& space, const W& weight, const X& x_local,
@@ -142,7 +135,7 @@ tp_matrix_view_t<W> row_forward(const ExecSpace& space, const W& weight, const X
       .settle();
   auto y = layer_result<W>("kshard::row_parallel_y", x_local.extent(0), weight.rows());
   gemm_nt(space, x_local, weight.local(), y, false);
-  sum_over_tp(space, weight, tp_dim, y);
+  sum_over_tp(space, weight.mesh(), tp_dim, y);
   if constexpr (!is_no_bias_v<B>) add_bias(space, y, bias);
   return y;
 }
@@ -270,7 +263,7 @@ tp_matrix_view_t<W> column_backward(const ExecSpace& space, const W& weight, con
   gemm_tn(space, grad_y_local, x, grad_weight.local(), true);
   if constexpr (!is_no_bias_v<GB>)
     add_column_sums(space, "kshard::column_sums", grad_y_local, grad_bias_local, AllRows{});
-  sum_over_tp(space, weight, tp_dim, grad_x);
+  sum_over_tp(space, weight.mesh(), tp_dim, grad_x);
   return grad_x;
 }
 

@@ -396,6 +396,22 @@ struct PlanKey {
   explicit PlanKey() = default;
 };
 
+// Why `target`'s shard may not be written from `matrix`'s on this rank: they share memory.
+template <class A, class B>
+std::optional<std::string> shared_storage_problem(const A& matrix, const B& target,
+                                                  const std::string& who) {
+  const auto* in = matrix.local().data();
+  const auto* out = target.local().data();
+  const auto in_size = matrix.local().size();
+  const auto out_size = target.local().size();
+  if (in_size == 0 || out_size == 0 || !(in < out + out_size && out < in + in_size))
+    return std::nullopt;
+  return fmt::format(
+      "{}: on rank {} the target's shard shares memory with the matrix's; redistribute into "
+      "separate storage",
+      who, matrix.mesh().my_rank());
+}
+
 template <std::size_t N, std::size_t NT>
 std::optional<std::string> check_same_communicator(const Mesh<N>& mesh, const Mesh<NT>& target,
                                                    const char* what) {
@@ -590,15 +606,7 @@ class RedistributePlan {
     };
     if (auto problem = check(matrix, mesh_, layout_, "matrix")) return problem;
     if (auto problem = check(target, target_mesh_, target_layout_, "target")) return problem;
-    const T* in = matrix.local().data();
-    const T* out = target.local().data();
-    if (matrix.local().size() > 0 && target.local().size() > 0 &&
-        in < out + target.local().size() && out < in + matrix.local().size())
-      return fmt::format(
-          "{}: on rank {} the target's shard shares memory with the matrix's; redistribute into "
-          "separate storage",
-          who, mesh_.my_rank());
-    return std::nullopt;
+    return detail::shared_storage_problem(matrix, target, who);
   }
 
   Mesh<source_rank> mesh_;
@@ -621,17 +629,14 @@ void agree_into(const DistMatrix<T, L, E, S>& matrix, const DistMatrix<T, LT, E,
                 const char* who) {
   const auto& mesh = matrix.mesh();
   std::optional<std::string> problem;
-  const T* in = matrix.local().data();
-  const T* out = target.local().data();
+  const std::string name = fmt::format("kshard::{}", who);
   if (target.rows() != matrix.rows() || target.cols() != matrix.cols())
-    problem = fmt::format("kshard::{}: the target is {} x {} but the matrix is {} x {}", who,
+    problem = fmt::format("{}: the target is {} x {} but the matrix is {} x {}", name,
                           target.rows(), target.cols(), matrix.rows(), matrix.cols());
-  else if (matrix.local().size() > 0 && target.local().size() > 0 &&
-           in < out + target.local().size() && out < in + matrix.local().size())
-    problem = fmt::format(
-        "kshard::{}: on rank {} the target's shard shares memory with the matrix's; redistribute "
-        "into separate storage",
-        who, mesh.my_rank());
+  else if (!matrix.local().span_is_contiguous() || !target.local().span_is_contiguous())
+    problem = fmt::format("{}: on rank {} a shard is not contiguous", name, mesh.my_rank());
+  else if (auto shared = shared_storage_problem(matrix, target, name))
+    problem = std::move(shared);
   else
     problem = check_same_communicator(mesh, target.mesh(), "matrix's mesh");
   // The target's shape is checked against the agreed matrix's on each rank, its layout and

@@ -50,6 +50,14 @@ void allreduce_sum_any(const ExecSpace& space, const View& values, const comm::G
   fence(space, "kshard::reduce_from_tp: the sum is in the caller's view");
 }
 
+// In-place SUM of `values` over mesh dimension `tp_dim`, after `space` wrote them (none when that
+// dimension has extent 1): the reduction of the lookup, the linear layers and reduce_from_tp.
+template <class ExecSpace, std::size_t N, class View>
+void sum_over_tp(const ExecSpace& space, const Mesh<N>& mesh, std::size_t tp_dim,
+                 const View& values) {
+  if (mesh.extent(tp_dim) > 1) allreduce_sum_any(space, values, mesh.dim_group(tp_dim));
+}
+
 }  // namespace detail
 
 /// Forward of "reduce from the tensor-parallel region" (Megatron's
@@ -76,7 +84,7 @@ void reduce_from_tp(const ExecSpace& space, const Mesh<N>& mesh, std::size_t tp_
         fmt::format("kshard::reduce_from_tp: tp_dim is {}, but the mesh {} has {} "
                     "dimension(s)",
                     tp_dim, mesh, N));
-  if (mesh.extent(tp_dim) > 1) detail::allreduce_sum_any(space, values, mesh.dim_group(tp_dim));
+  detail::sum_over_tp(space, mesh, tp_dim, values);
 }
 
 /// `reduce_from_tp(space, mesh, tp_dim, values)` on a default instance of `ExecSpace` (by

@@ -487,11 +487,10 @@ double classify_rows(const LocalRows& local, const Map& rows, const RepairConfig
 }
 
 // Every rank's damaged rows, as (id, bits of the norm) pairs, into the report sorted by id
-// (`damaged` of them over the `size` ranks of `comm`): one all-gather of the counts, one of the
-// pairs.
+// (`damaged` of them over the ranks of `group`): one all-gather of the counts, one of the pairs.
 inline void gather_damaged_rows(const std::vector<std::int64_t>& local_damaged, index_t damaged,
-                                double min_norm, const comm::Group& group, int size,
-                                RepairReport& report) {
+                                double min_norm, const comm::Group& group, RepairReport& report) {
+  const int size = group.size();
   std::vector<int> counts(static_cast<std::size_t>(size));
   const int mine = static_cast<int>(local_damaged.size());
   group.allgather(&mine, 1, counts.data());
@@ -553,8 +552,7 @@ Detection detect_damaged_rows(const ExecSpace& space, const In& input, const Out
                              static_cast<index_t>(tally.relative), *config.relative_threshold(),
                              *median)
                : std::string()));
-  gather_damaged_rows(local_damaged, damaged, config.min_norm(), group, input.mesh().size(),
-                      report);
+  gather_damaged_rows(local_damaged, damaged, config.min_norm(), group, report);
   if (config.strategy() == RepairStrategy::output_direction) report.output_name = names.output;
   if (tally.healthy > 0) report.target_norm = std::sqrt(tally.healthy_squares / tally.healthy);
   return found;

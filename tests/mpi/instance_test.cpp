@@ -42,10 +42,6 @@ class RegionLog {
   [[nodiscard]] bool saw(const std::string& name) const {
     return std::find(names().begin(), names().end(), name) != names().end();
   }
-  [[nodiscard]] std::size_t count_prefix(const std::string& prefix) const {
-    return static_cast<std::size_t>(std::count_if(
-        names().begin(), names().end(), [&](const auto& n) { return n.rfind(prefix, 0) == 0; }));
-  }
 
  private:
   static std::vector<std::string>& names() {

@@ -68,7 +68,7 @@ class Group {
   [[nodiscard]] int rank() const { return detail::comm_rank(comm_.get()); }
   /// Number of ranks in the group.
   [[nodiscard]] int size() const { return detail::comm_size(comm_.get()); }
-  /// The backend's handle (an MPI communicator), for MPI-IO and for users' own MPI calls.
+  /// The group's MPI communicator (argument agreement, host values, MPI-IO, users' own calls).
   [[nodiscard]] MPI_Comm native() const { return comm_.get(); }
   /// True when both groups hold the same ranks in the same order (local, no communication).
   [[nodiscard]] bool same_ranks_as(const Group& other) const {

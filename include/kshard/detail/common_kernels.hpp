@@ -1,9 +1,9 @@
 #pragma once
 
 // Small helpers that several algorithms need, written once and run on an execution-space
-// instance: host -> device copies of index lists and views, the column-sum kernel, the
-// per-row-sum kernel with its host/device fork, and the int and id-range checks behind the
-// error messages.
+// instance: host -> device copies of index lists and views, the column-sum kernel and the
+// id-range check behind the error messages (int limits: int_limit.hpp; the per-row sums:
+// row_norms.hpp).
 //
 // Every function that runs work takes the instance first, runs its kernels and copies on it,
 // and fences only that instance (`fence(space, why)`), only where the host reads what it made
@@ -135,57 +135,5 @@ void add_column_sums(const ExecSpace& space, const char* label, const View& valu
 struct AllRows {
   KOKKOS_INLINE_FUNCTION bool operator()(index_t) const { return true; }
 };
-
-// For every row i in [0, rows): store(i, s) with s the fp64 sum over j in [0, cols) of
-// element(i, j). The host/device fork, written once: on host execution spaces one work item per
-// row adds the columns in order (with `Lanes` = 8, into eight interleaved accumulators combined
-// as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)), which lets the compiler vectorise and hides the
-// latency of the add chain); on device spaces a team per row reduces the columns. The result is
-// deterministic for a given build and backend. `rows` must fit an int (a team policy's league
-// size): callers check int_limit_problem first.
-template <int Lanes = 1, class ExecSpace, class Element, class Store>
-void row_sums(const ExecSpace& space, const char* label, index_t rows, index_t cols,
-              const Element& element, const Store& store) {
-  static_assert(Lanes == 1 || Lanes == 8, "kshard::detail::row_sums: 1 or 8 lanes");
-  if (rows == 0) return;
-  if constexpr (is_host_space_v<ExecSpace>) {
-    Kokkos::parallel_for(
-        label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, rows),
-        KOKKOS_LAMBDA(const index_t i) {
-          if constexpr (Lanes == 8) {
-            double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
-            index_t j = 0;
-            for (; j + 8 <= cols; j += 8) {
-              a0 += element(i, j);
-              a1 += element(i, j + 1);
-              a2 += element(i, j + 2);
-              a3 += element(i, j + 3);
-              a4 += element(i, j + 4);
-              a5 += element(i, j + 5);
-              a6 += element(i, j + 6);
-              a7 += element(i, j + 7);
-            }
-            for (; j < cols; ++j) a0 += element(i, j);
-            store(i, ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)));
-          } else {
-            double sum = 0;
-            for (index_t j = 0; j < cols; ++j) sum += element(i, j);
-            store(i, sum);
-          }
-        });
-  } else {
-    using Policy = Kokkos::TeamPolicy<ExecSpace>;
-    Kokkos::parallel_for(
-        label, Policy(space, static_cast<int>(rows), Kokkos::AUTO),
-        KOKKOS_LAMBDA(const typename Policy::member_type& team) {
-          const index_t i = team.league_rank();
-          double sum = 0;
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(team, cols),
-              [&](const index_t j, double& acc) { acc += element(i, j); }, sum);
-          Kokkos::single(Kokkos::PerTeam(team), [&] { store(i, sum); });
-        });
-  }
-}
 
 }  // namespace kshard::detail

@@ -46,7 +46,6 @@ class MoveList {
  public:
   void add(int source, index_t from, index_t to, index_t count) {
     if (count <= 0) return;
-    elements_ += count;
     if (!moves_.empty()) {
       Move& last = moves_.back();
       if (last.source == source && last.from + last.count == from && last.to + last.count == to) {
@@ -90,7 +89,6 @@ class MoveList {
   }
 
   [[nodiscard]] const std::vector<Move>& moves() const { return moves_; }
-  [[nodiscard]] index_t elements() const { return elements_; }
   [[nodiscard]] bool empty() const { return moves_.empty(); }
 
   // True when the moves copy buffer position p to shard position p for every element of a
@@ -106,7 +104,6 @@ class MoveList {
 
  private:
   std::vector<Move> moves_;
-  index_t elements_ = 0;
 };
 
 // A move list in the memory of `MemSpace`, its runs cut to at most `chunk` elements so that one
@@ -164,20 +161,19 @@ void run_moves(const ExecSpace& space, const DeviceMoves<MemSpace>& moves, T* ds
   if (moves.size == 0) return;
   using Functor = RunMoves<T, Kokkos::View<const Move*, MemSpace>>;
   const Functor functor{moves.moves, dst, src0, src1};
-  if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
+  if constexpr (is_host_space_v<ExecSpace>) {
     Kokkos::parallel_for(
         "kshard::redistribute::move",
         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, moves.size), functor);
   } else {
     Kokkos::parallel_for(
         "kshard::redistribute::move",
-        Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(moves.size), Kokkos::AUTO), functor);
+        Kokkos::TeamPolicy<ExecSpace>(
+            space, checked_int(moves.size, "redistribute", "the number of runs (a team each)"),
+            Kokkos::AUTO),
+        functor);
   }
 }
-
-// True when unpacking `list` into a row-major shard of `size` elements is the identity: MPI
-// may then receive straight into the shard.
-inline bool lands_in_place(const MoveList& list, index_t size) { return list.is_identity(size); }
 
 // Divides every element of a contiguous buffer of `size` elements by `divisor` (the mean of a
 // Partial<avg>), on `space`.

@@ -164,6 +164,59 @@ KOKKOS_INLINE_FUNCTION double bf16_row_squared_norm_host(const T* row, index_t c
 #endif
 }
 
+// For every row i in [0, rows): store(i, s) with s the fp64 sum over j in [0, cols) of
+// element(i, j). The host/device fork, written once: on host execution spaces one work item per
+// row adds the columns in order (with `Lanes` = 8, into eight interleaved accumulators combined
+// as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)), which lets the compiler vectorise and hides the
+// latency of the add chain); on device spaces a team per row reduces the columns. The result is
+// deterministic for a given build and backend.
+template <int Lanes = 1, class ExecSpace, class Element, class Store>
+void row_sums(const ExecSpace& space, const char* label, index_t rows, index_t cols,
+              const Element& element, const Store& store) {
+  static_assert(Lanes == 1 || Lanes == 8, "kshard::detail::row_sums: 1 or 8 lanes");
+  if (rows == 0) return;
+  if constexpr (is_host_space_v<ExecSpace>) {
+    Kokkos::parallel_for(
+        label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, rows),
+        KOKKOS_LAMBDA(const index_t i) {
+          if constexpr (Lanes == 8) {
+            double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+            index_t j = 0;
+            for (; j + 8 <= cols; j += 8) {
+              a0 += element(i, j);
+              a1 += element(i, j + 1);
+              a2 += element(i, j + 2);
+              a3 += element(i, j + 3);
+              a4 += element(i, j + 4);
+              a5 += element(i, j + 5);
+              a6 += element(i, j + 6);
+              a7 += element(i, j + 7);
+            }
+            for (; j < cols; ++j) a0 += element(i, j);
+            store(i, ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)));
+          } else {
+            double sum = 0;
+            for (index_t j = 0; j < cols; ++j) sum += element(i, j);
+            store(i, sum);
+          }
+        });
+  } else {
+    using Policy = Kokkos::TeamPolicy<ExecSpace>;
+    Kokkos::parallel_for(
+        label,
+        Policy(space, checked_int(rows, "row sums", "the number of rows (one team each)"),
+               Kokkos::AUTO),
+        KOKKOS_LAMBDA(const typename Policy::member_type& team) {
+          const index_t i = team.league_rank();
+          double sum = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(team, cols),
+              [&](const index_t j, double& acc) { acc += element(i, j); }, sum);
+          Kokkos::single(Kokkos::PerTeam(team), [&] { store(i, sum); });
+        });
+  }
+}
+
 // Squared norms of the local parts of the local rows (no communication). On the host, bf16
 // rows take bf16_row_squared_norm_host; other types eight fp64 accumulators (an fp32 or fp64
 // element is as many bytes as the conversions and adds it costs keep up with).
@@ -171,53 +224,21 @@ template <class ExecSpace, class View, class Out>
 void local_row_squared_norms(const ExecSpace& space, const View& local, const Out& out) {
   const auto rows = static_cast<index_t>(local.extent(0));
   const auto cols = static_cast<index_t>(local.extent(1));
-  if constexpr (is_host_space_v<ExecSpace>) {
-    const auto* data = local.data();
-    const auto stride = static_cast<index_t>(local.stride(0));
-    if constexpr (std::is_same_v<typename View::non_const_value_type, bf16>) {
-      Kokkos::parallel_for(
-          "kshard::row_norms",
-          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, rows),
-          KOKKOS_LAMBDA(const index_t i) {
-            out(i) = bf16_row_squared_norm_host(data + i * stride, cols);
-          });
-    } else {
-      Kokkos::parallel_for(
-          "kshard::row_norms",
-          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, rows),
-          KOKKOS_LAMBDA(const index_t i) {
-            const auto* row = data + i * stride;  // plain pointer: lets the compiler vectorise
-            double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
-            index_t j = 0;
-            for (; j + 8 <= cols; j += 8) {
-              a0 += squared(row[j]);
-              a1 += squared(row[j + 1]);
-              a2 += squared(row[j + 2]);
-              a3 += squared(row[j + 3]);
-              a4 += squared(row[j + 4]);
-              a5 += squared(row[j + 5]);
-              a6 += squared(row[j + 6]);
-              a7 += squared(row[j + 7]);
-            }
-            for (; j < cols; ++j) a0 += squared(row[j]);
-            out(i) = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
-          });
-    }
-  } else {
-    using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  const auto* data = local.data();  // a plain pointer lets the compiler vectorise the rows
+  const auto stride = static_cast<index_t>(local.stride(0));
+  if constexpr (is_host_space_v<ExecSpace> &&
+                std::is_same_v<typename View::non_const_value_type, bf16>) {
     Kokkos::parallel_for(
         "kshard::row_norms",
-        Kokkos::TeamPolicy<ExecSpace>(
-            space, checked_int(rows, "row norms", "the number of local rows (one team each)"),
-            Kokkos::AUTO),
-        KOKKOS_LAMBDA(const Team& team) {
-          const index_t i = team.league_rank();
-          double sum = 0;
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(team, cols),
-              [&](const index_t j, double& acc) { acc += squared(local(i, j)); }, sum);
-          Kokkos::single(Kokkos::PerTeam(team), [&] { out(i) = sum; });
+        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, rows),
+        KOKKOS_LAMBDA(const index_t i) {
+          out(i) = bf16_row_squared_norm_host(data + i * stride, cols);
         });
+  } else {
+    row_sums<8>(
+        space, "kshard::row_norms", rows, cols,
+        KOKKOS_LAMBDA(const index_t i, const index_t j) { return squared(data[i * stride + j]); },
+        KOKKOS_LAMBDA(const index_t i, const double sum) { out(i) = sum; });
   }
 }
 
