@@ -10,7 +10,6 @@
 
 #include <fmt/format.h>
 
-#include <kshard/log.hpp>
 #include <kshard/watchdog.hpp>
 
 #include <algorithm>
@@ -207,7 +206,6 @@ int run_main(int argc, char** argv, const std::string& name, Measure&& measure) 
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
     const Options options = parse(argc, argv);
-    kshard::set_log_handler({});
     Report report(name, MPI_COMM_WORLD);
     try {
       measure(report, options);

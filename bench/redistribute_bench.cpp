@@ -28,6 +28,11 @@ namespace {
 
 using kshard::index_t;
 
+// Host matrices on every build: the bare baselines hand MPI host pointers, and compare with
+// kshard on the same memory (a GPU build's device matrices need a GPU-aware baseline).
+template <class L>
+using Matrix = kshard::DistMatrix<float, L, Kokkos::DefaultHostExecutionSpace>;
+
 float value_at(index_t g, index_t j) { return static_cast<float>((g * 131 + j * 7) % 1021); }
 
 // Fills every local element with value_at(its global row, its global column).
@@ -80,18 +85,18 @@ void shard_to_replicate(kshard::bench::Report& report, const kshard::Mesh<1>& me
   const MPI_Comm comm = mesh.comm();
   using From = kshard::Layout<kshard::Shard<0>>;
   using To = kshard::Layout<kshard::Replicate>;
-  kshard::DistMatrix<float, From> source(mesh, From{}, rows, cols);
+  Matrix<From> source(mesh, From{}, rows, cols);
   fill(source);
-  std::unique_ptr<kshard::DistMatrix<float, To>> result;
+  std::unique_ptr<Matrix<To>> result;
   const auto fresh_call = [&] {
     result.reset();  // as in a training step: the previous replica is gone
-    result = std::make_unique<kshard::DistMatrix<float, To>>(kshard::redistribute(source, To{}));
+    result = std::make_unique<Matrix<To>>(kshard::redistribute(source, To{}));
     Kokkos::fence();
   };
   const auto bytes = bytes_of(fresh_call);
   verify(*result, comm, "Shard<0> -> Replicate");
   result.reset();
-  const kshard::DistMatrix<float, To> persistent(mesh, To{}, rows, cols);
+  const Matrix<To> persistent(mesh, To{}, rows, cols);
   const auto into_call = [&] {
     kshard::redistribute_into(source, persistent);
     Kokkos::fence();
@@ -141,11 +146,11 @@ void shard0_to_shard1(kshard::bench::Report& report, const kshard::Mesh<1>& mesh
   const MPI_Comm comm = mesh.comm();
   using From = kshard::Layout<kshard::Shard<0>>;
   using To = kshard::Layout<kshard::Shard<1>>;
-  kshard::DistMatrix<float, From> source(mesh, From{}, rows, cols);
+  Matrix<From> source(mesh, From{}, rows, cols);
   fill(source);
-  std::unique_ptr<kshard::DistMatrix<float, To>> result;
+  std::unique_ptr<Matrix<To>> result;
   const auto call = [&] {
-    result = std::make_unique<kshard::DistMatrix<float, To>>(kshard::redistribute(source, To{}));
+    result = std::make_unique<Matrix<To>>(kshard::redistribute(source, To{}));
     Kokkos::fence();
   };
   const auto bytes = bytes_of(call);
@@ -180,11 +185,11 @@ void fsdp_unshard(kshard::bench::Report& report, MPI_Comm world, index_t rows, i
   using From = kshard::Layout<kshard::StridedShard<0>, kshard::Shard<0>>;
   using To = kshard::Layout<kshard::Replicate, kshard::Shard<0>>;
   const From from(kshard::StridedShard<0>{tp}, kshard::Shard<0>{});
-  kshard::DistMatrix<float, From> source(mesh, from, rows, cols);
+  Matrix<From> source(mesh, from, rows, cols);
   fill(source);
-  std::unique_ptr<kshard::DistMatrix<float, To>> result;
+  std::unique_ptr<Matrix<To>> result;
   const auto call = [&] {
-    result = std::make_unique<kshard::DistMatrix<float, To>>(kshard::redistribute(source, To{}));
+    result = std::make_unique<Matrix<To>>(kshard::redistribute(source, To{}));
     Kokkos::fence();
   };
   const auto bytes = bytes_of(call);
@@ -311,7 +316,7 @@ void plan_case(kshard::bench::Report& report, const std::string& name, const ksh
                const From& from, const To& to, index_t rows, index_t cols, int reps,
                const Bare& bare) {
   const MPI_Comm comm = mesh.comm();
-  kshard::DistMatrix<float, From> source(mesh, from, rows, cols);
+  Matrix<From> source(mesh, from, rows, cols);
   fill(source);
   auto plan = kshard::plan_redistribute(source, to);
   const auto target = plan.make_target();
@@ -328,13 +333,12 @@ void plan_case(kshard::bench::Report& report, const std::string& name, const ksh
   if (bytes_of(into_call) != bytes)
     throw std::runtime_error("redistribute_bench: redistribute_into sent other bytes");
   // The baseline writes a shard of the target's shape, checked like kshard's.
-  const typename kshard::DistMatrix<float, To>::view_type out("bare", target.local().extent(0),
-                                                              target.local().extent(1));
+  const typename Matrix<To>::view_type out("bare", target.local().extent(0),
+                                           target.local().extent(1));
   const float* in = source.local().data();
   const auto bare_call = [&] { bare.run(in, out.data()); };
   bare_call();
-  verify(kshard::DistMatrix<float, To>(mesh, to, rows, cols, out), comm,
-         (name + " (bare MPI)").c_str());
+  verify(Matrix<To>(mesh, to, rows, cols, out), comm, (name + " (bare MPI)").c_str());
   const bool small = rows * cols <= 64 * 64;
   const int repetitions = small ? 25 * reps : reps;  // microseconds: more samples
   const auto t = kshard::bench::time_paired(comm, repetitions, apply_call, bare_call);

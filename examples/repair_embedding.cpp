@@ -70,7 +70,6 @@ int main(int argc, char** argv) {
         kshard::distribute(mesh, layout, kshard::HostMatrix<const float>(output_full));
     if (root) fmt::print("{}\n{}\n", input, kshard::sharding_picture(input));
 
-    kshard::set_log_handler({});  // the report is printed below instead
     const auto report = kshard::repair_embedding_rows(input, output, kshard::RepairConfig{},
                                                       {"model.embed_tokens", "lm_head"});
 

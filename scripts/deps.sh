@@ -41,7 +41,10 @@ kshard_mpi_environment() {
     if [ "$(id -u)" -eq 0 ]; then
       export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     fi
+    # More ranks than cores: Open MPI 4's runtime reads the first, Open MPI 5's (PRRTE) the
+    # second (it ignores the old name).
     export OMPI_MCA_rmaps_base_oversubscribe=1
+    export PRTE_MCA_rmaps_default_mapping_policy="${PRTE_MCA_rmaps_default_mapping_policy:-:oversubscribe}"
     # Let each rank's OpenMP threads use every core instead of the one core Open MPI binds to.
     export OMPI_MCA_hwloc_base_binding_policy="${OMPI_MCA_hwloc_base_binding_policy:-none}"
     # No fabric on these machines: keep Open MPI from probing for one.

@@ -536,7 +536,6 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return code;
     }
-    kshard::set_log_handler({});  // the tool prints its own summary
     Kokkos::ScopeGuard kokkos(argc, argv);
     try {
       code = run(options);

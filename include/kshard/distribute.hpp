@@ -12,6 +12,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -144,16 +145,19 @@ void gather_checks(Agreement& agreement, const Matrix& matrix, std::string_view 
 
 }  // namespace detail
 
-/// Builds a `DistMatrix` from `full`, the whole matrix, present on every rank: each rank
-/// copies out its own shard, with no communication beyond the constructor's checks. For a
-/// `Partial` mesh dimension the value becomes a valid addend set: with `sum`, coordinate 0
-/// holds the value and the others zeros; with `max`, `min` and `avg` every rank holds it.
-/// The copy to the shard runs on `space`, which is fenced before returning.
-template <class ExecSpace, class MemSpace = typename ExecSpace::memory_space, class T,
+/// Builds a `DistMatrix` from `full`, the whole matrix (a `HostMatrix<T>` or
+/// `HostMatrix<const T>`), present on every rank: each rank copies out its own shard, with no
+/// communication beyond the constructor's checks. For a `Partial` mesh dimension the value becomes
+/// a valid addend set: with `sum`, coordinate 0 holds the value and the others zeros; with `max`,
+/// `min` and `avg` every rank holds it. The copy to the shard runs on `space`, which is fenced
+/// before returning.
+template <class ExecSpace, class MemSpace = typename ExecSpace::memory_space, class FT,
           std::size_t M, class L>
-requires Kokkos::is_execution_space<ExecSpace>::value DistMatrix<T, L, ExecSpace, MemSpace>
-distribute(const ExecSpace& space, const Mesh<M>& mesh, const L& layout,
-           const HostMatrix<const T>& full, const std::string& label = "kshard::distribute") {
+requires Kokkos::is_execution_space<ExecSpace>::value
+    DistMatrix<std::remove_const_t<FT>, L, ExecSpace, MemSpace>
+    distribute(const ExecSpace& space, const Mesh<M>& mesh, const L& layout,
+               const HostMatrix<FT>& full, const std::string& label = "kshard::distribute") {
+  using T = std::remove_const_t<FT>;
   const detail::Operation operation("distribute");
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, static_cast<index_t>(full.extent(0)),
                                                static_cast<index_t>(full.extent(1)), label);
@@ -171,16 +175,16 @@ distribute(const ExecSpace& space, const Mesh<M>& mesh, const L& layout,
 
 /// `distribute(space, mesh, layout, full)` on a default instance of `ExecSpace`.
 template <class ExecSpace = Kokkos::DefaultExecutionSpace,
-          class MemSpace = typename ExecSpace::memory_space, class T, std::size_t M, class L>
-DistMatrix<T, L, ExecSpace, MemSpace> distribute(const Mesh<M>& mesh, const L& layout,
-                                                 const HostMatrix<const T>& full,
-                                                 const std::string& label = "kshard::distribute") {
+          class MemSpace = typename ExecSpace::memory_space, class FT, std::size_t M, class L>
+DistMatrix<std::remove_const_t<FT>, L, ExecSpace, MemSpace> distribute(
+    const Mesh<M>& mesh, const L& layout, const HostMatrix<FT>& full,
+    const std::string& label = "kshard::distribute") {
   return distribute<ExecSpace, MemSpace>(ExecSpace{}, mesh, layout, full, label);
 }
 
 /// Builds a `DistMatrix` from `full`, the whole matrix, held by rank `root` only (a scatter,
 /// like DTensor's `distribute_tensor(..., src_data_rank=root)`); the other ranks' `full` is
-/// ignored: pass an empty `HostMatrix<const T>()`. Same result as `distribute` above, Partial
+/// ignored: pass an empty `HostMatrix<T>()`. Same result as `distribute` above, Partial
 /// layouts included. Cost: a broadcast of the shape (16 bytes from the root), then one
 /// scatterv in which the root sends each rank its own shard (replicas receive their copy, the
 /// zero addends of a Partial sum nothing): the sum of those shards' bytes, packed in one host
@@ -188,12 +192,14 @@ DistMatrix<T, L, ExecSpace, MemSpace> distribute(const Mesh<M>& mesh, const L& l
 /// ranks that disagree on the element type or layout, and a message longer than INT_MAX
 /// elements are the same `kshard::error` on every rank; the root's shape reaches every rank
 /// before any rank checks it.
-template <class ExecSpace, class MemSpace = typename ExecSpace::memory_space, class T,
+template <class ExecSpace, class MemSpace = typename ExecSpace::memory_space, class FT,
           std::size_t M, class L>
-requires Kokkos::is_execution_space<ExecSpace>::value DistMatrix<T, L, ExecSpace, MemSpace>
-distribute(const ExecSpace& space, const Mesh<M>& mesh, const L& layout,
-           const HostMatrix<const T>& full, Root root,
-           const std::string& label = "kshard::distribute") {
+requires Kokkos::is_execution_space<ExecSpace>::value
+    DistMatrix<std::remove_const_t<FT>, L, ExecSpace, MemSpace>
+    distribute(const ExecSpace& space, const Mesh<M>& mesh, const L& layout,
+               const HostMatrix<FT>& full, Root root,
+               const std::string& label = "kshard::distribute") {
+  using T = std::remove_const_t<FT>;
   const detail::Operation operation("distribute");
   detail::Agreement agreement(mesh.group());
   detail::same_root(agreement, root, mesh.size());
@@ -227,10 +233,10 @@ distribute(const ExecSpace& space, const Mesh<M>& mesh, const L& layout,
 
 /// `distribute(space, mesh, layout, full, root)` on a default instance of `ExecSpace`.
 template <class ExecSpace = Kokkos::DefaultExecutionSpace,
-          class MemSpace = typename ExecSpace::memory_space, class T, std::size_t M, class L>
-DistMatrix<T, L, ExecSpace, MemSpace> distribute(const Mesh<M>& mesh, const L& layout,
-                                                 const HostMatrix<const T>& full, Root root,
-                                                 const std::string& label = "kshard::distribute") {
+          class MemSpace = typename ExecSpace::memory_space, class FT, std::size_t M, class L>
+DistMatrix<std::remove_const_t<FT>, L, ExecSpace, MemSpace> distribute(
+    const Mesh<M>& mesh, const L& layout, const HostMatrix<FT>& full, Root root,
+    const std::string& label = "kshard::distribute") {
   return distribute<ExecSpace, MemSpace>(ExecSpace{}, mesh, layout, full, root, label);
 }
 

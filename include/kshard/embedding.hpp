@@ -128,11 +128,11 @@ struct TouchedRows {
 };
 
 // Builds TouchedRows on the host from the ids (copied there on `space`), then copies it to
-// `MemSpace`; throws on an id outside [0, vocab). Positions whose id is `padding_id` are left
-// out.
+// `MemSpace` (in one upload, none when no row is touched or `upload` is false); throws on an id
+// outside [0, vocab). Positions whose id is `padding_id` are left out.
 template <class MemSpace, class ExecSpace, class Rows, class IdView>
 TouchedRows<MemSpace> touched_rows(const ExecSpace& space, const Rows& rows, const IdView& ids,
-                                   index_t vocab, std::optional<index_t> padding_id,
+                                   index_t vocab, std::optional<index_t> padding_id, bool upload,
                                    const char* who) {
   const auto n = static_cast<index_t>(ids.extent(0));
   const auto host_ids =
@@ -159,10 +159,11 @@ TouchedRows<MemSpace> touched_rows(const ExecSpace& space, const Rows& rows, con
     positions.push_back(i);
   }
   offsets.push_back(static_cast<index_t>(positions.size()));
-  return {vector_to_space<MemSpace>(space, touched, "kshard::lookup_backward_rows"),
-          vector_to_space<MemSpace>(space, offsets, "kshard::lookup_backward_offsets"),
-          vector_to_space<MemSpace>(space, positions, "kshard::lookup_backward_positions"),
-          static_cast<index_t>(touched.size())};
+  const auto count = static_cast<index_t>(touched.size());
+  if (count == 0 || !upload) return {{}, {}, {}, count};
+  const auto [rows_on_space, offsets_on_space, positions_on_space] = vectors_to_space<MemSpace>(
+      space, "kshard::lookup_backward_rows", touched, offsets, positions);
+  return {rows_on_space, offsets_on_space, positions_on_space, count};
 }
 
 }  // namespace detail
@@ -331,7 +332,7 @@ void vocab_parallel_lookup_backward(const ExecSpace& space, const M& grad_table,
   if (padding_id) detail::throw_if(detail::id_range_problem(*padding_id, vocab, who, "padding id"));
 
   const auto touched = detail::touched_rows<typename M::memory_space>(
-      space, grad_table.mapping().rows, ids, vocab, padding_id, who);
+      space, grad_table.mapping().rows, ids, vocab, padding_id, h > 0, who);
   if (touched.count == 0 || h == 0) return;
   const auto row_of = touched.row_of;
   const auto begin_of = touched.begin_of;

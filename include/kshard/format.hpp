@@ -6,7 +6,8 @@
 /// `visualize_array_sharding`).
 ///
 /// With this header, `fmt::format("{}", x)` (no format spec) prints a placement as
-/// `Replicate()`, `Shard(0)`, `StridedShard(0, sf=2)` or `Partial(sum)`, a layout as
+/// `Replicate()`, `Shard(0)`, `StridedShard(0, sf=2)` or `Partial(sum)` (a custom placement as
+/// `Name(dimension, factor)`), a layout as
 /// `(StridedShard(0, sf=2), Shard(0))`, a mesh as `Mesh(dp=2, tp=2)` and a matrix as
 /// `DistMatrix<float>[10 x 6] (Replicate(), Shard(0)) on Mesh(dp=2, tp=2)`. None communicates.
 
@@ -182,6 +183,16 @@ struct fmt::formatter<kshard::Partial<Op>> : kshard::detail::plain_formatter {
   template <class Ctx>
   auto format(const kshard::Partial<Op>&, Ctx& ctx) const {
     return fmt::format_to(ctx.out(), "Partial({})", kshard::to_string(Op));
+  }
+};
+
+// A placement defined outside kshard prints as its name, tensor dimension and factor.
+template <kshard::Placement P>
+requires(P::kind == kshard::PlacementKind::custom) struct fmt::formatter<P>
+    : kshard::detail::plain_formatter {
+  template <class Ctx>
+  auto format(const P& p, Ctx& ctx) const {
+    return fmt::format_to(ctx.out(), "{}({}, {})", P::name, P::tensor_dim, p.split_factor());
   }
 };
 

@@ -65,6 +65,8 @@ inline std::string to_string(const PlacementSpec& spec) {
       return fmt::format("StridedShard({}, sf={})", spec.tensor_dim, spec.split_factor);
     case PlacementKind::partial:
       return fmt::format("Partial({})", to_string(spec.op));
+    case PlacementKind::custom:  // not parsed: a custom placement has its own spelling
+      return fmt::format("a custom placement of dimension {}", spec.tensor_dim);
   }
   return "?";
 }

@@ -1,7 +1,9 @@
 #pragma once
 
 /// \file
-/// Where kshard's one-line informational messages go (rank 0 of the mesh sends them).
+/// Where kshard's one-line informational messages go (rank 0 of the mesh sends them):
+/// nowhere unless asked, as an HPC library should; `set_log_handler(kshard::log_to_stderr)`
+/// prints them (the `kshard-repair` tool does).
 
 #include <cstdio>
 #include <functional>
@@ -15,17 +17,18 @@ namespace kshard {
 /// Receives one line of text, without a trailing newline.
 using LogHandler = std::function<void(std::string_view)>;
 
+/// The handler that prints each line to stderr, prefixed with "[kshard] ".
+inline void log_to_stderr(std::string_view line) { fmt::print(stderr, "[kshard] {}\n", line); }
+
 namespace detail {
 inline LogHandler& log_handler() {
-  static LogHandler handler = [](std::string_view line) {
-    fmt::print(stderr, "[kshard] {}\n", line);
-  };
+  static LogHandler handler;  // silent until a handler is set
   return handler;
 }
 }  // namespace detail
 
-/// Replaces the log handler (by default, lines go to stderr prefixed with "[kshard] ");
-/// returns the previous one. Pass an empty handler to silence kshard.
+/// Replaces the log handler (by default none: kshard prints nothing); returns the previous
+/// one. Pass an empty handler to silence kshard again.
 inline LogHandler set_log_handler(LogHandler handler) {
   return std::exchange(detail::log_handler(), std::move(handler));
 }

@@ -3,7 +3,9 @@
 /// \file
 /// Placements (how one mesh dimension holds a tensor) and layouts (one placement per mesh
 /// dimension). Both are small value types; a layout is part of a matrix's type, so misuse is
-/// a compile error.
+/// a compile error. A placement type carries everything kshard's arithmetic asks of it: the
+/// tensor dimension it splits and its split rule, or the reduction it leaves pending; see
+/// docs/design.md, "Add a placement", for one defined outside kshard.
 
 #include <algorithm>
 #include <array>
@@ -13,12 +15,21 @@
 #include <tuple>
 #include <type_traits>
 
+#include "kshard/axis_split.hpp"
 #include "kshard/index.hpp"
 
 namespace kshard {
 
-/// What a placement does along its mesh dimension.
-enum class PlacementKind { replicate, shard, strided_shard, partial };
+/// What a placement does along its mesh dimension. The planner needs only "splits a tensor
+/// dimension" (`tensor_dim >= 0`, by the placement's `split_rule`) and "pending reduction"
+/// (`partial`); the kind names the built-in placements for messages and parsing, and `custom`
+/// stands for any splitting placement defined outside kshard.
+enum class PlacementKind { replicate, shard, strided_shard, partial, custom };
+
+/// How a splitting placement cuts an axis of `extent` indices for coordinate `coord` of a mesh
+/// dimension of `ranks` ranks, given its runtime `factor` (`split_factor()`). Called on the
+/// host when a mapping is built; the `AxisSplit` it returns is what device code evaluates.
+using SplitRule = AxisSplit (*)(index_t extent, index_t factor, index_t ranks, index_t coord);
 
 /// The reduction a `Partial` placement is pending.
 enum class ReduceOp { sum, max, min, avg };
@@ -41,7 +52,9 @@ constexpr std::string_view to_string(ReduceOp op) {
 /// Every rank along the mesh dimension holds the whole extent.
 struct Replicate {
   static constexpr PlacementKind kind = PlacementKind::replicate;  ///< `replicate`
+  static constexpr std::string_view name = "Replicate";            ///< as DTensor spells it
   static constexpr int tensor_dim = -1;                            ///< splits no tensor dimension
+  static constexpr SplitRule split_rule = nullptr;                 ///< splits nothing
   /// Always 1 (only `StridedShard` has a factor).
   [[nodiscard]] static constexpr index_t split_factor() { return 1; }
   /// All `Replicate` placements are equal.
@@ -52,8 +65,10 @@ struct Replicate {
 template <int D>
 struct Shard {
   static_assert(D >= 0, "kshard::Shard<D>: the tensor dimension D must be >= 0");
-  static constexpr PlacementKind kind = PlacementKind::shard;  ///< `shard`
-  static constexpr int tensor_dim = D;                         ///< the tensor dimension split
+  static constexpr PlacementKind kind = PlacementKind::shard;   ///< `shard`
+  static constexpr std::string_view name = "Shard";             ///< as DTensor spells it
+  static constexpr int tensor_dim = D;                          ///< the tensor dimension split
+  static constexpr SplitRule split_rule = &AxisSplit::chunked;  ///< torch.chunk, one piece
   /// Always 1: a plain shard is one piece.
   [[nodiscard]] static constexpr index_t split_factor() { return 1; }
   /// All `Shard<D>` placements are equal.
@@ -67,8 +82,11 @@ template <int D>
 struct StridedShard {
   static_assert(D >= 0, "kshard::StridedShard<D>: the tensor dimension D must be >= 0");
   static constexpr PlacementKind kind = PlacementKind::strided_shard;  ///< `strided_shard`
+  static constexpr std::string_view name = "StridedShard";             ///< as DTensor spells it
   static constexpr int tensor_dim = D;  ///< the tensor dimension split
-  index_t factor = 1;                   ///< number of pieces (runtime)
+  /// torch.chunk into `factor` pieces, then each piece across the ranks: Shard's rule.
+  static constexpr SplitRule split_rule = &AxisSplit::chunked;
+  index_t factor = 1;  ///< number of pieces (runtime)
 
   /// The number of pieces, `factor`.
   [[nodiscard]] constexpr index_t split_factor() const { return factor; }
@@ -80,7 +98,9 @@ struct StridedShard {
 template <ReduceOp Op = ReduceOp::sum>
 struct Partial {
   static constexpr PlacementKind kind = PlacementKind::partial;  ///< `partial`
+  static constexpr std::string_view name = "Partial";            ///< as DTensor spells it
   static constexpr int tensor_dim = -1;                          ///< splits no tensor dimension
+  static constexpr SplitRule split_rule = nullptr;               ///< splits nothing
   static constexpr ReduceOp op = Op;                             ///< the pending reduction
   /// Always 1 (only `StridedShard` has a factor).
   [[nodiscard]] static constexpr index_t split_factor() { return 1; }
@@ -88,20 +108,31 @@ struct Partial {
   friend constexpr bool operator==(Partial, Partial) { return true; }
 };
 
-/// A type that can stand for one mesh dimension in a layout.
+/// A type that can stand for one mesh dimension in a layout: a trivially copyable value with
+/// a kind, a name, the tensor dimension it splits (-1 for none) and a runtime factor; one that
+/// splits has a split rule, one that does not has none; a `partial` one names its reduction.
 template <class P>
 concept Placement = std::is_trivially_copyable_v<P> && requires(const P& p) {
   { P::kind } -> std::convertible_to<PlacementKind>;
+  { P::name } -> std::convertible_to<std::string_view>;
   { P::tensor_dim } -> std::convertible_to<int>;
+  { P::split_rule } -> std::convertible_to<SplitRule>;
   { p.split_factor() } -> std::convertible_to<index_t>;
-};
+} &&(P::tensor_dim >= 0) == (P::split_rule != nullptr) &&
+    (P::kind != PlacementKind::partial || (P::tensor_dim < 0 && requires {
+       { P::op } -> std::convertible_to<ReduceOp>;
+     }));
 
 /// How one mesh dimension acts on the tensor, with the placement type erased (for the
-/// arithmetic, which needs values, not types).
+/// arithmetic, which needs values, not types). `Layout::actions()` fills every field from the
+/// placement types; an action built by hand for a built-in placement can leave the rule and
+/// the name at their defaults.
 struct MeshDimAction {
   PlacementKind kind = PlacementKind::replicate;  ///< what the placement does
   int tensor_dim = -1;                            ///< tensor dimension split, or -1
-  index_t split_factor = 1;                       ///< pieces for StridedShard, 1 otherwise
+  index_t split_factor = 1;                       ///< the placement's runtime factor
+  SplitRule split_rule = &AxisSplit::chunked;     ///< its split rule (read when it splits)
+  std::string_view name = {};                     ///< its name (printed for `custom` kinds)
 };
 
 /// One placement per mesh dimension, applied left to right.
@@ -133,7 +164,7 @@ class Layout {
     return std::apply(
         [](const auto&... p) {
           return std::array<MeshDimAction, rank>{
-              MeshDimAction{p.kind, p.tensor_dim, p.split_factor()}...};
+              MeshDimAction{p.kind, p.tensor_dim, p.split_factor(), p.split_rule, p.name}...};
         },
         placements_);
   }

@@ -106,6 +106,8 @@ struct Stage {
   bool in_place = false;       // allgather, exchange: MPI receives straight into the output
   bool send_in_place = false;  // exchange: MPI sends straight from the input
   std::vector<int> send_counts, send_displs, recv_counts, recv_displs;
+  // exchange: this rank's totals do not fit MPI's int displacements (agreed on by the plan)
+  std::optional<std::string> count_problem;
   DeviceMoves<S> pack;    // input -> send buffer
   DeviceMoves<S> unpack;  // receive buffer (source 0) and input (source 1) -> output
   Kokkos::View<T*, S> send, recv;
@@ -153,12 +155,16 @@ Stage<T, S> compile_exchange(const Space& space, const Geometry<NS>& src, const 
   // the shard (then MPI reads or writes the shard itself, with no pack or unpack).
   std::vector<MoveList> packs(n);
   std::vector<MoveList> unpacks(n);
+  // Each count is at most a shard (the planner checked every shard against INT_MAX on every
+  // rank); the totals, and with them the displacements, are this rank's alone: checked below.
   index_t sent = 0;
   index_t received = 0;
+  std::vector<index_t> send_at(n, 0);
+  std::vector<index_t> recv_at(n, 0);
   for (int t = 0; t < peers; ++t) {
     const auto p = static_cast<std::size_t>(t);
-    stage.send_displs[p] = mpi_count(sent);
-    stage.recv_displs[p] = mpi_count(received);
+    send_at[p] = sent;
+    recv_at[p] = received;
     if (t == self) continue;
     const std::array<int, NS> t_src = src_coords(t);
     if (!agrees(t_src)) continue;
@@ -179,6 +185,14 @@ Stage<T, S> compile_exchange(const Space& space, const Geometry<NS>& src, const 
       stage.recv_counts[p] = mpi_count(k);
       received += k;
     }
+  }
+  stage.count_problem = int_limit_problem(std::max(sent, received), operation_name(),
+                                          "the number of elements this rank sends or receives in "
+                                          "one all-to-all");
+  if (stage.count_problem) return stage;
+  for (std::size_t p = 0; p < n; ++p) {
+    stage.send_displs[p] = static_cast<int>(send_at[p]);
+    stage.recv_displs[p] = static_cast<int>(recv_at[p]);
   }
   const auto contiguous = [](const std::vector<MoveList>& lists) {
     for (const MoveList& list : lists)
@@ -321,10 +335,7 @@ void run_stage(const Space& space, const Stage<T, S>& stage, const ShardView<T, 
       run_moves(space, stage.unpack, out.data(), static_cast<const T*>(nullptr), in.data());
       return;
     case Kind::allreduce:
-      if constexpr (reducible_v<T>) {
-        Kokkos::deep_copy(space, out, in);
-        stage.group.allreduce(space, out, stage.op);
-      }
+      if constexpr (reducible_v<T>) stage.group.allreduce(space, in, out, stage.op);
       break;
     case Kind::reduce_scatter:
       if constexpr (reducible_v<T>) {
@@ -484,6 +495,7 @@ class RedistributePlan {
         }
         zero_result_ = detail::holds_zeros(plan.zero_dims, mesh_.coords());
         finish();
+        agree_on_counts();
         return;
       }
     }
@@ -516,6 +528,7 @@ class RedistributePlan {
               goal.at(target.coords()));
     zero_result_ = detail::holds_zeros(zero_dims, target.coords());
     finish();
+    agree_on_counts();
   }
 
   /// Moves `matrix` into `target` on `space` (see the class comment). Throws a `kshard::error`,
@@ -582,6 +595,19 @@ class RedistributePlan {
   void finish() {
     stages_.back().out = -1;
     intermediates_.pop_back();
+  }
+
+  // An all-to-all's totals are known to each rank only for itself (one rank may send its shard
+  // to many peers): one agreement, where the plan has an exchange, so every rank refuses alike.
+  void agree_on_counts() const {
+    using Kind = typename detail::Stage<T, MemSpace>::Kind;
+    detail::Agreement agreement(mesh_.group());
+    bool exchanges = false;
+    for (const auto& stage : stages_) {
+      exchanges = exchanges || stage.kind == Kind::exchange;
+      agreement.problem(stage.count_problem);
+    }
+    if (exchanges) agreement.settle();
   }
 
   std::optional<std::string> mismatch(const source_type& matrix, const target_type& target) const {

@@ -194,9 +194,9 @@ HeldRows<MemSpace> held_rows(const ExecSpace& space, const Map& rows,
       position.push_back(static_cast<index_t>(k));
       local_row.push_back(l);
     }
-  return {vector_to_space<MemSpace>(space, position, "kshard::held_position"),
-          vector_to_space<MemSpace>(space, local_row, "kshard::held_row"),
-          static_cast<index_t>(position.size())};
+  const auto [on_space, row_on_space] =
+      vectors_to_space<MemSpace>(space, "kshard::held_rows", position, local_row);
+  return {on_space, row_on_space, static_cast<index_t>(position.size())};
 }
 
 // Full-row squared norms of `value(position, local_row, local_col)` cast to T, for the
@@ -321,8 +321,8 @@ double mean_healthy_direction(const ExecSpace& space, const In& input,
   Kokkos::View<double*, MemSpace> column_sums(Kokkos::view_alloc(space, "kshard::column_sums"),
                                               cols);
   if (first_copy) {
-    const auto healthy = copy_to_space<MemSpace>(
-        space, healthy_on_host, "kshard::repair_embedding_rows: the healthy-row flags are copied");
+    // healthy_on_host outlives the fence of to_host below.
+    const auto healthy = copy_to_space<MemSpace>(space, healthy_on_host);
     // Each work item sums a block of columns down the rows: contiguous reads along every row.
     add_column_sums<32>(
         space, "kshard::repair::mean_direction", local, column_sums,
@@ -413,11 +413,12 @@ struct Detection {
 // copy of its rows.
 struct LocalRows {
   Kokkos::View<double*, Kokkos::HostSpace> squared_norms;
+  std::vector<double> norms;  // their square roots, taken once
   std::vector<bool> kept;
   bool first_copy = false;
 
   [[nodiscard]] std::size_t size() const { return kept.size(); }
-  [[nodiscard]] double norm(std::size_t i) const { return std::sqrt(squared_norms(i)); }
+  [[nodiscard]] double norm(std::size_t i) const { return norms[i]; }
 };
 
 template <class ExecSpace, class In>
@@ -436,8 +437,13 @@ LocalRows local_rows(const ExecSpace& space, const In& input, const std::vector<
     for (std::size_t i = 0; i < host.extent(0); ++i) local.squared_norms(i) = host(i);
   }
   const auto& rows = input.mapping().rows;
-  local.kept.resize(host.extent(0));
-  for (std::size_t i = 0; i < local.kept.size(); ++i)
+  // Host work per row is a share of the bf16 pass's time: one square root, and no index
+  // mapping unless rows are kept.
+  local.norms.resize(host.extent(0));
+  for (std::size_t i = 0; i < local.norms.size(); ++i)
+    local.norms[i] = std::sqrt(local.squared_norms(i));
+  local.kept.assign(host.extent(0), false);
+  for (std::size_t i = 0; !kept.empty() && i < local.kept.size(); ++i)
     local.kept[i] =
         std::binary_search(kept.begin(), kept.end(), rows.to_global(static_cast<index_t>(i)));
   local.first_copy = L::is_first_copy(input.mesh().coords(), {0});

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -77,6 +78,27 @@ TEST(BadInput, MeshAndMatrixConstruction) {
   });
 }
 
+// An MPI error that gets past the argument checks names the kshard operation, the MPI call,
+// MPI's own text and the likely cause.
+TEST(BadInput, MpiErrorsNameTheOperationAndTheLikelyCause) {
+  const kshard::detail::Operation operation("gather");
+  const auto message = [](int rc) {
+    try {
+      kshard::detail::check_mpi(rc, "MPI_Allgatherv");
+    } catch (const kshard::error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string truncated = message(MPI_ERR_TRUNCATE);
+  EXPECT_EQ(truncated.rfind("kshard::gather: MPI_Allgatherv failed: ", 0), 0u) << truncated;
+  EXPECT_NE(truncated.find("the ranks most likely passed different sizes"), std::string::npos)
+      << truncated;
+  const std::string io = message(MPI_ERR_IO);
+  EXPECT_NE(io.find("the file system refused"), std::string::npos) << io;
+  EXPECT_EQ(message(MPI_SUCCESS), "");
+}
+
 TEST(BadInput, ZeroRowOutOfRange) {
   kshard::Mesh<1> mesh(MPI_COMM_WORLD, {world_size()});
   const auto m = make(mesh, table(6, 4, true));
@@ -105,9 +127,11 @@ TEST(BadInput, RepairConfigAndArguments) {
 
   const int size = world_size();
   kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size});
-  // 10 rows: no shard is empty at 1-4 ranks, so "tied on the last rank only" is tied storage.
-  const auto input = make(mesh, table(10, 4, true));  // one damaged row
-  const auto output = make(mesh, table(10, 4));
+  // 3 rows per rank (10 at least): no shard is empty at any rank count, so "tied on the last
+  // rank only" is tied storage (an empty shard shares no storage).
+  const index_t rows = std::max<index_t>(10, 3 * size);
+  const auto input = make(mesh, table(rows, 4, true));  // one damaged row
+  const auto output = make(mesh, table(rows, 4));
   const kshard::RepairConfig config(true, 1e-4, 4);
   expect_collective_refusal(
       "config differs", {"differs between ranks"},
@@ -120,30 +144,30 @@ TEST(BadInput, RepairConfigAndArguments) {
       "tied storage", {"tied weights"},
       [&](bool here) { (void)kshard::repair_embedding_rows(input, here ? input : output, config); },
       {watch(input), watch(output)});
-  const auto damaged_output = make(mesh, table(10, 4, true));
+  const auto damaged_output = make(mesh, table(rows, 4, true));
   expect_collective_refusal(
       "damaged output rows", {"are damaged too"},
       [&](bool) { (void)kshard::repair_embedding_rows(input, damaged_output, config); },
       {watch(input), watch(damaged_output)});
-  const auto zeros = make(mesh, kshard::HostMatrix<float>("zeros", 10, 4));
+  const auto zeros = make(mesh, kshard::HostMatrix<float>("zeros", rows, 4));
   expect_collective_refusal(
       "all rows damaged", {"more than max_rows", "no healthy rows"},
       [&](bool) { (void)kshard::repair_embedding_rows(zeros, output, config); },
       {watch(zeros), watch(output)});
-  const auto wide = make(mesh, kshard::test::reference_matrix<float>(10, 5, 3));
-  expect_collective_refusal("shape mismatch", {"is 10 x 5 but input embedding"},
+  const auto wide = make(mesh, kshard::test::reference_matrix<float>(rows, 5, 3));
+  expect_collective_refusal("shape mismatch", {fmt::format("is {} x 5 but input embedding", rows)},
                             [&](bool) { (void)kshard::repair_embedding_rows(input, wide, config); },
                             {watch(input), watch(wide)});
   using Strided = Layout<StridedShard<0>>;
   const auto strided_in = kshard::distribute<ExecSpace, MemSpace>(
-      mesh, Strided(StridedShard<0>{2}), kshard::HostMatrix<const float>(table(10, 4, true)));
-  expect_collective_refusal(
-      "layout mismatch", {"layouts differ", "differs between ranks"}, [&](bool here) {
-        const auto out =
-            kshard::distribute<ExecSpace, MemSpace>(mesh, Strided(StridedShard<0>{here ? 3 : 2}),
-                                                    kshard::HostMatrix<const float>(table(10, 4)));
-        (void)kshard::repair_embedding_rows(strided_in, out, config);
-      });
+      mesh, Strided(StridedShard<0>{2}), kshard::HostMatrix<const float>(table(rows, 4, true)));
+  expect_collective_refusal("layout mismatch", {"layouts differ", "differs between ranks"},
+                            [&](bool here) {
+                              const auto out = kshard::distribute<ExecSpace, MemSpace>(
+                                  mesh, Strided(StridedShard<0>{here ? 3 : 2}),
+                                  kshard::HostMatrix<const float>(table(rows, 4)));
+                              (void)kshard::repair_embedding_rows(strided_in, out, config);
+                            });
 }
 
 TEST(BadInput, TokenIds) {

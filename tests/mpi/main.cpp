@@ -9,7 +9,6 @@
 
 #include <cstdio>
 
-#include "kshard/log.hpp"
 #include "kshard_test.hpp"
 
 namespace {
@@ -63,7 +62,6 @@ int main(int argc, char** argv) {
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
     testing::InitGoogleTest(&argc, argv);
-    kshard::set_log_handler({});  // tests that check the log install their own handler
     auto& listeners = testing::UnitTest::GetInstance()->listeners();
     if (rank != 0) {
       auto* inner = listeners.Release(listeners.default_result_printer());

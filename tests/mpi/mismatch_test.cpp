@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "block_cyclic.hpp"
 #include "kshard/kshard.hpp"
 #include "kshard_test.hpp"
 
@@ -143,6 +144,31 @@ TEST(Mismatch, MatrixLayoutTypeAndShape) {
       "distribute", {"the number of rows of the matrix differs between ranks: 8 on rank 0, 9"},
       [&](bool here) { (void)make(mesh, Layout(Replicate{}, Shard<0>{}), here ? 9 : 8, 3); }, {},
       one_rank_only);
+}
+
+// A placement defined outside kshard is agreed on like a built-in one: its type (by name) and
+// its runtime factor.
+TEST(Mismatch, CustomPlacementTypeAndFactor) {
+  using kshard::test::BlockCyclic;
+  kshard::Mesh<1> mesh(MPI_COMM_WORLD, {world_size()});
+  expect_collective_refusal(
+      "custom placement",
+      {"the placement of the matrix on mesh dimension 0 differs between ranks",
+       "a custom placement of dimension 0"},
+      [&](bool here) {
+        if (here)
+          Matrix<float, Layout<BlockCyclic<0>>> m(mesh, Layout(BlockCyclic<0>{2}), 8, 3);
+        else
+          Matrix<float, Layout<Shard<0>>> m(mesh, {}, 8, 3);
+      },
+      {}, one_rank_only);
+  expect_collective_refusal(
+      "block size",
+      {"the split factor of the matrix on mesh dimension 0 differs between ranks: 2 on rank 0, 3"},
+      [&](bool here) {
+        Matrix<float, Layout<BlockCyclic<0>>> m(mesh, Layout(BlockCyclic<0>{here ? 3 : 2}), 8, 3);
+      },
+      {}, one_rank_only);
 }
 
 TEST(Mismatch, GatherOfAnotherMatrix) {

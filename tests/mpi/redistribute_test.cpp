@@ -18,6 +18,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "block_cyclic.hpp"
 #include "kshard/comm_stats.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/redistribute.hpp"
@@ -59,7 +60,8 @@ bool same_data(const kshard::MeshDimAction& a, ReduceOp a_op, const kshard::Mesh
   if (extent == 1) return true;
   if (a.kind == PlacementKind::partial || b.kind == PlacementKind::partial)
     return a.kind == b.kind && a_op == b_op;
-  return a.tensor_dim == b.tensor_dim && (a.tensor_dim < 0 || a.split_factor == b.split_factor);
+  return a.tensor_dim == b.tensor_dim &&
+         (a.tensor_dim < 0 || (a.split_rule == b.split_rule && a.split_factor == b.split_factor));
 }
 
 // The bytes this rank must send for a transition that changes one mesh dim m, when every other
@@ -302,6 +304,48 @@ TEST(Redistribute, EveryPlacementPairOnMeshRank2) {
         }
       });
     });
+  }
+}
+
+// The test-only block-cyclic placement (tests/support/block_cyclic.hpp) to and from every
+// placement, on meshes of rank 1 and 2: kshard maps, plans and moves it through its split
+// rule alone, with the same checks (values, gather, plan, bytes sent) as the built-in ones.
+TEST(Redistribute, CustomPlacementToAndFromEveryPlacement) {
+  using kshard::test::BlockCyclic;
+  std::uint64_t seed = 9000;
+  auto block = [](std::uint64_t salt) {
+    auto rng = kshard::test::shared_rng(salt);
+    return std::uniform_int_distribution<index_t>(1, 4)(rng);
+  };
+  for (const auto& shape : kshard::test::mesh_shapes<1>(world_size())) {
+    kshard::Mesh<1> mesh(MPI_COMM_WORLD, shape);
+    for_each_placement_or_partial([&](auto p) {
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        auto rng = kshard::test::shared_rng(seed);
+        const Layout other(make_placement<decltype(p)>(rng));
+        const auto [rows, cols] = random_shape(seed);
+        const Layout by_rows(BlockCyclic<0>{block(seed)});
+        const Layout by_cols(BlockCyclic<1>{block(seed + 1)});
+        check_transition<double>(mesh, by_rows, other, rows, cols, seed++);
+        check_transition<double>(mesh, other, by_rows, rows, cols, seed++);
+        check_transition<double>(mesh, other, by_cols, rows, cols, seed++);
+      }
+    });
+  }
+  for (const auto& shape : kshard::test::mesh_shapes<2>(world_size())) {
+    kshard::Mesh<2> mesh(MPI_COMM_WORLD, shape, {"dp", "tp"});
+    for (int repeat = 0; repeat < 3; ++repeat) {
+      auto rng = kshard::test::shared_rng(seed);
+      const Layout dealt(BlockCyclic<0>{block(seed)}, Shard<1>{});
+      const Layout twice(BlockCyclic<1>{block(seed + 1)}, BlockCyclic<0>{block(seed + 2)});
+      const Layout fsdp(make_placement<StridedShard<0>>(rng), Shard<0>{});
+      const auto [rows, cols] = random_shape(seed);
+      check_transition<float>(mesh, dealt, fsdp, rows, cols, seed++);
+      check_transition<float>(mesh, fsdp, dealt, rows, cols, seed++);
+      check_transition<float>(mesh, dealt, twice, rows, cols, seed++);
+      check_transition<float>(mesh, twice, Layout(Replicate{}, Replicate{}), rows, cols, seed++);
+      check_transition<float>(mesh, Layout(Sum{}, Shard<0>{}), dealt, rows, cols, seed++);
+    }
   }
 }
 

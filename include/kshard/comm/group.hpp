@@ -132,6 +132,16 @@ class Group {
     Backend::allreduce(data_, space, view, op);
   }
 
+  /// The reduction of `send` over the group, into `recv` (same size; `send` is left as is).
+  template <class ExecSpace, class Send, class Recv>
+  requires Kokkos::is_execution_space<ExecSpace>::value void allreduce(const ExecSpace& space,
+                                                                       const Send& send,
+                                                                       const Recv& recv,
+                                                                       ReduceOp op) const {
+    const Region region("allreduce");
+    Backend::allreduce(data_, space, send, recv, op);
+  }
+
   /// Rank `root`'s `view`, everywhere.
   template <class ExecSpace, class View>
   requires Kokkos::is_execution_space<ExecSpace>::value void bcast(const ExecSpace& space,

@@ -46,6 +46,17 @@ struct MpiBackend {
     });
   }
 
+  template <class ExecSpace, class Send, class Recv>
+  static void allreduce(Handle comm, const ExecSpace& space, const Send& send, const Recv& recv,
+                        ReduceOp op) {
+    const int count = element_count(send);
+    detail::with_mpi_access(space, send, true, false, [&](const auto* s) {
+      detail::with_mpi_access(space, recv, false, true, [&](auto* r) {
+        detail::allreduce(s, r, count, native_op(op), comm);
+      });
+    });
+  }
+
   template <class ExecSpace, class View>
   static void bcast(Handle comm, const ExecSpace& space, const View& view, int root) {
     const int count = element_count(view);

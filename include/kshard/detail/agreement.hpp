@@ -239,16 +239,25 @@ inline std::string render_type(std::int64_t code) {
   }
 }
 
-// One placement as a number: kind, tensor dimension and reduction (the split factor is agreed
-// on as a value of its own).
+// A name as a number that every process computes alike (FNV-1a, 32 bits).
+constexpr std::int64_t name_code(std::string_view name) {
+  std::uint32_t hash = 2166136261U;
+  for (char c : name) hash = (hash ^ static_cast<unsigned char>(c)) * 16777619U;
+  return hash;
+}
+
+// One placement as a number: kind, tensor dimension, and the reduction of a Partial or the
+// name of a custom placement (the split factor is agreed on as a value of its own).
 inline std::int64_t placement_code(const MeshDimAction& action, ReduceOp op) {
-  const std::int64_t reduction = action.kind == PlacementKind::partial ? static_cast<int>(op) : 0;
-  return static_cast<std::int64_t>(action.kind) + 4 * (action.tensor_dim + 1) + 4096 * reduction;
+  std::int64_t extra = 0;
+  if (action.kind == PlacementKind::partial) extra = static_cast<int>(op);
+  if (action.kind == PlacementKind::custom) extra = name_code(action.name);
+  return static_cast<std::int64_t>(action.kind) + 8 * (action.tensor_dim + 1) + 8192 * extra;
 }
 
 inline std::string render_placement(std::int64_t code) {
-  const auto kind = static_cast<PlacementKind>(code % 4);
-  const std::int64_t dim = (code % 4096) / 4 - 1;
+  const auto kind = static_cast<PlacementKind>(code % 8);
+  const std::int64_t dim = (code % 8192) / 8 - 1;
   switch (kind) {
     case PlacementKind::replicate:
       return "Replicate()";
@@ -257,7 +266,9 @@ inline std::string render_placement(std::int64_t code) {
     case PlacementKind::strided_shard:
       return fmt::format("StridedShard({})", dim);
     case PlacementKind::partial:
-      return fmt::format("Partial({})", to_string(static_cast<ReduceOp>(code / 4096)));
+      return fmt::format("Partial({})", to_string(static_cast<ReduceOp>(code / 8192)));
+    case PlacementKind::custom:
+      return fmt::format("a custom placement of dimension {} (name code {:#x})", dim, code / 8192);
   }
   return "?";
 }

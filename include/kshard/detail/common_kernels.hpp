@@ -11,6 +11,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <array>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -61,22 +62,39 @@ Kokkos::View<T*, MemSpace> vector_to_space(const ExecSpace& space, const std::ve
   return result;
 }
 
+// Several lists in one new view of `MemSpace`, back to back: one copy and one fence for all
+// (the host vectors may be freed as soon as this returns); a view of each, in order.
+template <class MemSpace, class ExecSpace, class T, class... More>
+std::array<Kokkos::View<T*, MemSpace>, 1 + sizeof...(More)> vectors_to_space(
+    const ExecSpace& space, const std::string& label, const std::vector<T>& first,
+    const More&... more) {
+  std::vector<T> all(first);
+  (all.insert(all.end(), more.begin(), more.end()), ...);
+  const auto joined = vector_to_space<MemSpace>(space, all, label);
+  std::array<Kokkos::View<T*, MemSpace>, 1 + sizeof...(More)> views;
+  std::size_t begin = 0;
+  std::size_t k = 0;
+  for (const std::size_t size : {first.size(), more.size()...}) {
+    views[k++] = Kokkos::subview(joined, std::make_pair(begin, begin + size));
+    begin += size;
+  }
+  return views;
+}
+
 // A view of `MemSpace` with the contents of `view`: `view` itself when it already lives there,
-// else a copy made on `space`. `space` is fenced when a copy was made (so `view` may be freed).
+// else a copy queued on `space`, not waited for: `view` must outlive the work queued there.
 template <class MemSpace, class ExecSpace, class View>
 Kokkos::View<typename View::const_data_type, typename View::array_layout, MemSpace> copy_to_space(
-    const ExecSpace& space, const View& view, const char* why) {
+    const ExecSpace& space, const View& view) {
   using Result =
       Kokkos::View<typename View::const_data_type, typename View::array_layout, MemSpace>;
   if constexpr (std::is_same_v<typename View::memory_space, MemSpace>) {
     (void)space;
-    (void)why;
     return view;
   } else {
     Kokkos::View<typename View::non_const_data_type, typename View::array_layout, MemSpace> copy(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, view.label()), view.layout());
     Kokkos::deep_copy(space, copy, view);
-    fence(space, why);
     return Result(copy);
   }
 }

@@ -30,12 +30,44 @@
 
 namespace kshard::detail {
 
+// What most likely made an MPI call fail inside kshard, by error class ("" when nothing more
+// can be said): the argument checks agree on what the ranks pass, so a size error points at
+// what they do not check on every call.
+inline const char* likely_mpi_cause(int error_class) {
+  switch (error_class) {
+    case MPI_ERR_TRUNCATE:
+    case MPI_ERR_COUNT:
+    case MPI_ERR_BUFFER:
+      return "; the ranks most likely passed different sizes, or different matrices to one "
+             "plan or call, or called kshard operations in different orders";
+    case MPI_ERR_COMM:
+    case MPI_ERR_GROUP:
+    case MPI_ERR_RANK:
+      return "; a communicator was most likely freed, or is not the one the mesh was built on";
+    case MPI_ERR_FILE:
+    case MPI_ERR_IO:
+    case MPI_ERR_NO_SUCH_FILE:
+    case MPI_ERR_ACCESS:
+    case MPI_ERR_NO_SPACE:
+    case MPI_ERR_READ_ONLY:
+      return "; the file system refused (a path, permission or space problem)";
+    default:
+      return "";
+  }
+}
+
+// Throws for an MPI error, naming the kshard operation, the MPI call, MPI's text and the
+// likely cause.
 inline void check_mpi(int rc, const char* call) {
   if (rc == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   MPI_Error_string(rc, text, &length);
-  throw error(fmt::format("kshard: {} failed: {}", call, std::string(text, length)));
+  int error_class = MPI_ERR_OTHER;
+  MPI_Error_class(rc, &error_class);
+  throw error(fmt::format("kshard::{}: {} failed: {}{}", operation_name(), call,
+                          std::string(text, static_cast<std::size_t>(length)),
+                          likely_mpi_cause(error_class)));
 }
 
 // Reductions use the arithmetic types; other trivially copyable elements (bf16) only move,
@@ -90,6 +122,13 @@ void allreduce(T* data, int count, MPI_Op op, MPI_Comm comm) {
   count_collective(static_cast<std::int64_t>(count) * static_cast<std::int64_t>(sizeof(T)));
   const WatchedCollective watched("MPI_Allreduce", comm);
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, count, mpi_datatype<T>(), op, comm), "MPI_Allreduce");
+}
+
+template <class T>
+void allreduce(const T* send, T* recv, int count, MPI_Op op, MPI_Comm comm) {
+  count_collective(static_cast<std::int64_t>(count) * static_cast<std::int64_t>(sizeof(T)));
+  const WatchedCollective watched("MPI_Allreduce", comm);
+  check_mpi(MPI_Allreduce(send, recv, count, mpi_datatype<T>(), op, comm), "MPI_Allreduce");
 }
 
 template <class T>

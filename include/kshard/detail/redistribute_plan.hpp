@@ -54,7 +54,7 @@ struct Geometry {
     for (std::size_t j = m + 1; j < N; ++j) s *= shape[j];
     return s;
   }
-  // True when mesh dimension m splits a tensor dimension (Shard or StridedShard).
+  // True when mesh dimension m splits a tensor dimension.
   [[nodiscard]] bool splits(std::size_t m) const { return actions[m].tensor_dim >= 0; }
   // Largest local shard over all coordinates.
   [[nodiscard]] index_t max_local_size() const {
@@ -134,14 +134,15 @@ struct Plan {
 };
 
 // True when the two placements hold the same data on a mesh dimension of `extent` ranks:
-// Shard is StridedShard with one piece, and on one rank every placement holds everything.
+// splits by the same rule and factor (Shard is StridedShard with one piece), and on one rank
+// every placement holds everything.
 inline bool same_data(const MeshDimAction& a, ReduceOp a_op, const MeshDimAction& b, ReduceOp b_op,
                       int extent) {
   if (extent == 1) return true;
   if (a.kind == PlacementKind::partial || b.kind == PlacementKind::partial)
     return a.kind == b.kind && a_op == b_op;
   if (a.tensor_dim != b.tensor_dim) return false;
-  return a.tensor_dim < 0 || a.split_factor == b.split_factor;
+  return a.tensor_dim < 0 || (a.split_rule == b.split_rule && a.split_factor == b.split_factor);
 }
 
 inline void check_message_size(index_t elements, const char* who) {

@@ -176,10 +176,12 @@ void row_sums(const ExecSpace& space, const char* label, index_t rows, index_t c
   static_assert(Lanes == 1 || Lanes == 8, "kshard::detail::row_sums: 1 or 8 lanes");
   if (rows == 0) return;
   if constexpr (is_host_space_v<ExecSpace>) {
-    Kokkos::parallel_for(
-        label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, rows),
-        KOKKOS_LAMBDA(const index_t i) {
-          if constexpr (Lanes == 8) {
+    // One lambda per lane count: nvcc's extended lambdas cannot first-capture a variable inside
+    // an if constexpr of their own body.
+    const Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>> policy(space, 0, rows);
+    if constexpr (Lanes == 8) {
+      Kokkos::parallel_for(
+          label, policy, KOKKOS_LAMBDA(const index_t i) {
             double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
             index_t j = 0;
             for (; j + 8 <= cols; j += 8) {
@@ -194,12 +196,15 @@ void row_sums(const ExecSpace& space, const char* label, index_t rows, index_t c
             }
             for (; j < cols; ++j) a0 += element(i, j);
             store(i, ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)));
-          } else {
+          });
+    } else {
+      Kokkos::parallel_for(
+          label, policy, KOKKOS_LAMBDA(const index_t i) {
             double sum = 0;
             for (index_t j = 0; j < cols; ++j) sum += element(i, j);
             store(i, sum);
-          }
-        });
+          });
+    }
   } else {
     using Policy = Kokkos::TeamPolicy<ExecSpace>;
     Kokkos::parallel_for(
