@@ -54,7 +54,7 @@ struct Replicate {
   static constexpr PlacementKind kind = PlacementKind::replicate;  ///< `replicate`
   static constexpr std::string_view name = "Replicate";            ///< as DTensor spells it
   static constexpr int tensor_dim = -1;                            ///< splits no tensor dimension
-  static constexpr SplitRule split_rule = nullptr;                 ///< splits nothing
+  static constexpr std::nullptr_t split_rule = nullptr;            ///< splits nothing
   /// Always 1 (only `StridedShard` has a factor).
   [[nodiscard]] static constexpr index_t split_factor() { return 1; }
   /// All `Replicate` placements are equal.
@@ -100,7 +100,7 @@ struct Partial {
   static constexpr PlacementKind kind = PlacementKind::partial;  ///< `partial`
   static constexpr std::string_view name = "Partial";            ///< as DTensor spells it
   static constexpr int tensor_dim = -1;                          ///< splits no tensor dimension
-  static constexpr SplitRule split_rule = nullptr;               ///< splits nothing
+  static constexpr std::nullptr_t split_rule = nullptr;          ///< splits nothing
   static constexpr ReduceOp op = Op;                             ///< the pending reduction
   /// Always 1 (only `StridedShard` has a factor).
   [[nodiscard]] static constexpr index_t split_factor() { return 1; }
@@ -110,7 +110,9 @@ struct Partial {
 
 /// A type that can stand for one mesh dimension in a layout: a trivially copyable value with
 /// a kind, a name, the tensor dimension it splits (-1 for none) and a runtime factor; one that
-/// splits has a split rule, one that does not has none; a `partial` one names its reduction.
+/// splits has a `SplitRule`, one that does not a `std::nullptr_t` rule (a type, not a value, so
+/// that the check is a constant expression in every build); a `partial` one names its
+/// reduction.
 template <class P>
 concept Placement = std::is_trivially_copyable_v<P> && requires(const P& p) {
   { P::kind } -> std::convertible_to<PlacementKind>;
@@ -118,7 +120,7 @@ concept Placement = std::is_trivially_copyable_v<P> && requires(const P& p) {
   { P::tensor_dim } -> std::convertible_to<int>;
   { P::split_rule } -> std::convertible_to<SplitRule>;
   { p.split_factor() } -> std::convertible_to<index_t>;
-} &&(P::tensor_dim >= 0) == (P::split_rule != nullptr) &&
+} &&(P::tensor_dim >= 0) == !std::is_null_pointer_v<std::remove_cvref_t<decltype(P::split_rule)>> &&
     (P::kind != PlacementKind::partial || (P::tensor_dim < 0 && requires {
        { P::op } -> std::convertible_to<ReduceOp>;
      }));

@@ -83,7 +83,7 @@ struct NoRule {
   static constexpr kshard::PlacementKind kind = kshard::PlacementKind::custom;
   static constexpr std::string_view name = "NoRule";
   static constexpr int tensor_dim = 0;
-  static constexpr kshard::SplitRule split_rule = nullptr;
+  static constexpr std::nullptr_t split_rule = nullptr;
   [[nodiscard]] static constexpr index_t split_factor() { return 1; }
 };
 static_assert(!kshard::Placement<NoRule>);
