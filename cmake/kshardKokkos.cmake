@@ -27,9 +27,97 @@ function(kshard_repair_kokkos_target)
                         INTERFACE_INCLUDE_DIRECTORIES "${KSHARD_KOKKOS_INCLUDE_DIR}")
 endfunction()
 
+# Debian's Kokkos 5 (libkokkos-dev 5.2, from unstable) exports Kokkos::kokkosalgorithms and
+# Kokkos::kokkossimd as static libraries that the package does not ship (header-only parts of
+# Kokkos whose archives hold only a dummy object), and its KokkosTargets.cmake stops
+# find_package with a fatal error on the missing files. So the check comes before find_package:
+# when the Kokkos package about to be loaded (Kokkos_DIR, else the first KokkosConfig.cmake
+# under Kokkos_ROOT, CMAKE_PREFIX_PATH or the system prefixes) names library files that do not
+# exist, a copy of its CMake files goes to <build>/kshard-kokkos-package with an empty archive
+# in place of each missing one, and Kokkos_DIR points at the copy. Sets KSHARD_KOKKOS_PACKAGE_DIR
+# to the original package directory (what an installed kshard records), "" when none was seen.
+function(kshard_prepare_kokkos_package)
+  set(KSHARD_KOKKOS_PACKAGE_DIR "" PARENT_SCOPE)
+  set(dir "")
+  if(Kokkos_DIR AND EXISTS "${Kokkos_DIR}/kshard-original-dir.txt")
+    file(READ "${Kokkos_DIR}/kshard-original-dir.txt" dir)  # an earlier copy: start over
+  elseif(Kokkos_DIR AND EXISTS "${Kokkos_DIR}/KokkosConfig.cmake")
+    set(dir "${Kokkos_DIR}")
+  elseif(NOT Kokkos_DIR)
+    set(prefixes ${Kokkos_ROOT} $ENV{Kokkos_ROOT} ${CMAKE_PREFIX_PATH} $ENV{CMAKE_PREFIX_PATH}
+                 ${CMAKE_SYSTEM_PREFIX_PATH})
+    string(REPLACE ":" ";" prefixes "${prefixes}")
+    unset(found)
+    find_path(found KokkosConfig.cmake NO_CACHE NO_DEFAULT_PATH PATHS ${prefixes}
+              PATH_SUFFIXES lib/${CMAKE_LIBRARY_ARCHITECTURE}/cmake/Kokkos lib64/cmake/Kokkos
+                            lib/cmake/Kokkos share/cmake/Kokkos)
+    if(found)
+      set(dir "${found}")
+    endif()
+  endif()
+  if(NOT dir OR NOT EXISTS "${dir}/KokkosTargets.cmake")
+    return()  # found elsewhere or not at all: find_package speaks for itself
+  endif()
+  set(KSHARD_KOKKOS_PACKAGE_DIR "${dir}" PARENT_SCOPE)
+  # The prefix KokkosTargets.cmake computes: its directory, up once per PATH step it takes.
+  file(STRINGS "${dir}/KokkosTargets.cmake" steps
+       REGEX "^get_filename_component\\(_IMPORT_PREFIX \"\\\${_IMPORT_PREFIX}\" PATH\\)")
+  set(prefix "${dir}")
+  foreach(step IN LISTS steps)
+    get_filename_component(prefix "${prefix}" DIRECTORY)
+  endforeach()
+  file(GLOB configs "${dir}/KokkosTargets-*.cmake")
+  set(missing "")
+  foreach(config IN LISTS configs)
+    file(STRINGS "${config}" locations REGEX "IMPORTED_LOCATION_[A-Z_]+ \"\\\${_IMPORT_PREFIX}/")
+    foreach(line IN LISTS locations)
+      string(REGEX REPLACE ".*\"\\\${_IMPORT_PREFIX}/([^\"]+)\".*" "\\1" file "${line}")
+      if(NOT EXISTS "${prefix}/${file}")
+        list(APPEND missing "${file}")
+      endif()
+    endforeach()
+  endforeach()
+  if(NOT missing)
+    return()
+  endif()
+  list(REMOVE_DUPLICATES missing)
+  set(copy "${CMAKE_BINARY_DIR}/kshard-kokkos-package")
+  file(REMOVE_RECURSE "${copy}")
+  file(GLOB files "${dir}/*.cmake")
+  file(COPY ${files} DESTINATION "${copy}")
+  file(WRITE "${copy}/kshard-original-dir.txt" "${dir}")
+  # Paths relative to the package's own directory now name the original's.
+  file(READ "${copy}/KokkosTargets.cmake" text)
+  string(REPLACE "get_filename_component(_IMPORT_PREFIX \"\${CMAKE_CURRENT_LIST_FILE}\" PATH)"
+                 "set(_IMPORT_PREFIX \"${dir}\")" text "${text}")
+  file(WRITE "${copy}/KokkosTargets.cmake" "${text}")
+  file(READ "${copy}/KokkosConfig.cmake" text)
+  string(REPLACE "\${CMAKE_CURRENT_LIST_DIR}/.." "${dir}/.." text "${text}")
+  file(WRITE "${copy}/KokkosConfig.cmake" "${text}")
+  foreach(config IN LISTS configs)
+    get_filename_component(name "${config}" NAME)
+    file(READ "${copy}/${name}" text)
+    foreach(file IN LISTS missing)
+      get_filename_component(archive "${file}" NAME)
+      file(WRITE "${copy}/empty/${archive}" "!<arch>\n")  # an ar archive with no members
+      string(REPLACE "\"\${_IMPORT_PREFIX}/${file}\"" "\"${copy}/empty/${archive}\"" text "${text}")
+    endforeach()
+    file(WRITE "${copy}/${name}" "${text}")
+  endforeach()
+  string(REPLACE ";" ", " list "${missing}")
+  message(STATUS "kshard: the Kokkos package in ${dir} names files it does not ship (${list}): "
+                 "using a copy with empty archives in their place, ${copy}")
+  set(Kokkos_DIR "${copy}" CACHE PATH "The directory containing KokkosConfig.cmake" FORCE)
+  set(Kokkos_DIR "${copy}" PARENT_SCOPE)
+endfunction()
+
 macro(kshard_find_kokkos)
   if(NOT TARGET Kokkos::kokkos)
+    kshard_prepare_kokkos_package()
     find_package(Kokkos CONFIG REQUIRED)
+  endif()
+  if(NOT KSHARD_KOKKOS_PACKAGE_DIR)
+    set(KSHARD_KOKKOS_PACKAGE_DIR "${Kokkos_DIR}")
   endif()
   kshard_repair_kokkos_target()
 endmacro()

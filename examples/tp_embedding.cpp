@@ -75,15 +75,9 @@ kshard::HostMatrix<const float> to_float(const Matrix& m) {
   return f;
 }
 
-// The columns `map` holds of a 1 x n matrix, as a device vector.
-template <class Map>
-Kokkos::View<float*> local_slice(const Matrix& row, const Map& map) {
-  Kokkos::View<float*> d("slice", u(map.local_extent()));
-  auto h = Kokkos::create_mirror_view(d);
-  for (index_t c = 0; c < map.local_extent(); ++c)
-    h(u(c)) = static_cast<float>(row(0, u(map.to_global(c))));
-  Kokkos::deep_copy(d, h);
-  return d;
+// Row 0 of a 1 x n matrix, in float: a whole bias.
+Kokkos::View<const float*, Kokkos::HostSpace> whole_row(const Matrix& row) {
+  return Kokkos::subview(to_float(row), 0, Kokkos::ALL);
 }
 
 // The parameters and their gradients, on one rank, in double: the serial model.
@@ -190,14 +184,16 @@ int main(int argc, char** argv) {
     auto per_layer = kshard::distribute(mesh, by_rows, to_float(serial.per_layer));
     auto w_up = kshard::distribute(mesh, by_rows, to_float(serial.w_up));
     auto w_down = kshard::distribute(mesh, by_cols, to_float(serial.w_down));
-    const auto b_up = local_slice(serial.b_up, w_up.mapping().rows);
-    const auto b_down = local_slice(serial.b_down, kshard::AxisMap<2>(hidden));
+    // Biases split like their weight's rows: b_up sharded over tp as W_up's output features,
+    // b_down replicated.
+    auto b_up = kshard::distribute_bias(w_up, whole_row(serial.b_up));
+    auto b_down = kshard::distribute_bias(w_down, whole_row(serial.b_down));
     decltype(tok) g_tok(mesh, by_rows, vocab, hidden);
     decltype(per_layer) g_per_layer(mesh, by_rows, vocab, layers * hidden);
     decltype(w_up) g_w_up(mesh, by_rows, ffn, hidden);
     decltype(w_down) g_w_down(mesh, by_cols, hidden, ffn);
-    Kokkos::View<float*> g_b_up("g_b_up", b_up.extent(0));
-    Kokkos::View<float*> g_b_down("g_b_down", u(hidden));
+    decltype(b_up) g_b_up(mesh, kshard::bias_layout(by_rows), ffn, 1);
+    decltype(b_down) g_b_down(mesh, kshard::bias_layout(by_cols), hidden, 1);
 
     // ---- forward (this dp group's batch)
     const auto host_ids = batch(mesh.coords()[dp_dim]);
@@ -209,8 +205,10 @@ int main(int argc, char** argv) {
     // forms without one use a default instance); the example's own kernels run on it too.
     const Kokkos::DefaultExecutionSpace space;
     kshard::reset_comm_stats();
-    const auto e = kshard::vocab_parallel_lookup(space, tok, ids, tp_dim, scale);
-    const auto p = kshard::vocab_parallel_lookup(space, per_layer, ids, tp_dim, scale);
+    // tp_dim is inferred: the one mesh dimension that splits the table's rows (or the weight's
+    // input or output features).
+    const auto e = kshard::vocab_parallel_lookup(space, tok, ids, scale);
+    const auto p = kshard::vocab_parallel_lookup(space, per_layer, ids, scale);
     const auto lookup_stats = kshard::comm_stats();
     Device h0("h0", u(tokens), u(hidden));
     Kokkos::parallel_for(
@@ -218,8 +216,8 @@ int main(int argc, char** argv) {
         Kokkos::MDRangePolicy<Kokkos::Rank<2>, Kokkos::IndexType<index_t>>(space, {0, 0},
                                                                            {tokens, hidden}),
         KOKKOS_LAMBDA(const index_t n, const index_t j) { h0(n, j) = e(n, j) + p(n, j); });
-    const auto act = kshard::column_parallel_linear(space, w_up, h0, b_up, tp_dim);
-    const auto y = kshard::row_parallel_linear(space, w_down, act, b_down, tp_dim);
+    const auto act = kshard::column_parallel_linear(space, w_up, h0, b_up);
+    const auto y = kshard::row_parallel_linear(space, w_down, act, b_down);
     Device h1("h1", u(tokens), u(hidden));
     Kokkos::parallel_for(
         "h1",
@@ -234,11 +232,11 @@ int main(int argc, char** argv) {
     Kokkos::deep_copy(g_h1, to_float(r));
     kshard::reset_comm_stats();
     const auto g_act =
-        kshard::row_parallel_linear_backward(space, w_down, act, g_h1, g_w_down, g_b_down, tp_dim);
+        kshard::row_parallel_linear_backward(space, w_down, act, g_h1, g_w_down, g_b_down);
     const auto silent_row_backward =
         kshard::comm_stats().collectives == 0 && kshard::comm_stats().agreements == 0;
     const auto g_h0 =
-        kshard::column_parallel_linear_backward(space, w_up, h0, g_act, g_w_up, g_b_up, tp_dim);
+        kshard::column_parallel_linear_backward(space, w_up, h0, g_act, g_w_up, g_b_up);
     Device g_p("g_p", u(tokens), u(layers * hidden));
     Kokkos::parallel_for(
         "g_h0",
@@ -250,8 +248,8 @@ int main(int argc, char** argv) {
           g_p(n, hidden + j) = g_h1(n, j);
         });
     kshard::reset_comm_stats();
-    kshard::vocab_parallel_lookup_backward(space, g_tok, ids, g_h0, tp_dim, scale, padding_id);
-    kshard::vocab_parallel_lookup_backward(space, g_per_layer, ids, g_p, tp_dim, scale);
+    kshard::vocab_parallel_lookup_backward(space, g_tok, ids, g_h0, scale, padding_id);
+    kshard::vocab_parallel_lookup_backward(space, g_per_layer, ids, g_p, scale);
     const auto silent_lookup_backward =
         kshard::comm_stats().collectives == 0 && kshard::comm_stats().agreements == 0;
     // Data-parallel gradient sync: every gradient summed over dp.
@@ -259,8 +257,8 @@ int main(int argc, char** argv) {
     kshard::reduce_from_tp(space, mesh, dp_dim, g_per_layer.local());
     kshard::reduce_from_tp(space, mesh, dp_dim, g_w_up.local());
     kshard::reduce_from_tp(space, mesh, dp_dim, g_w_down.local());
-    kshard::reduce_from_tp(space, mesh, dp_dim, g_b_up);
-    kshard::reduce_from_tp(space, mesh, dp_dim, g_b_down);
+    kshard::reduce_from_tp(space, mesh, dp_dim, g_b_up.local());
+    kshard::reduce_from_tp(space, mesh, dp_dim, g_b_down.local());
 
     // ---- serial reference: every dp group's batch, gradients summed
     Matrix want_h1;
@@ -268,23 +266,21 @@ int main(int argc, char** argv) {
       const Matrix h = serial.step(batch(group));
       if (group == mesh.coords()[dp_dim]) want_h1 = h;
     }
-    Matrix want_g_b_up_local("g_b_up", 1, b_up.extent(0));
-    for (index_t c = 0; c < w_up.mapping().rows.local_extent(); ++c)
-      want_g_b_up_local(0, u(c)) = serial.g_b_up(0, u(w_up.mapping().rows.to_global(c)));
-    auto vector_as_matrix = [](const Kokkos::View<float*>& v) {
-      kshard::HostMatrix<float> m("v", 1, v.extent(0));
-      const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-      for (std::size_t j = 0; j < v.extent(0); ++j) m(0, j) = h(j);
-      return m;
+    // A gathered bias is out x 1; the serial one 1 x out.
+    auto column_as_row = [](const kshard::HostMatrix<float>& column) {
+      kshard::HostMatrix<float> row("row", 1, column.extent(0));
+      for (std::size_t j = 0; j < column.extent(0); ++j) row(0, j) = column(j, 0);
+      return row;
     };
     const auto h1_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h1);
-    const double errors[] = {worst_difference(h1_host, want_h1),
-                             worst_difference(kshard::gather(g_tok), serial.g_tok),
-                             worst_difference(kshard::gather(g_per_layer), serial.g_per_layer),
-                             worst_difference(kshard::gather(g_w_up), serial.g_w_up),
-                             worst_difference(kshard::gather(g_w_down), serial.g_w_down),
-                             worst_difference(vector_as_matrix(g_b_up), want_g_b_up_local),
-                             worst_difference(vector_as_matrix(g_b_down), serial.g_b_down)};
+    const double errors[] = {
+        worst_difference(h1_host, want_h1),
+        worst_difference(kshard::gather(g_tok), serial.g_tok),
+        worst_difference(kshard::gather(g_per_layer), serial.g_per_layer),
+        worst_difference(kshard::gather(g_w_up), serial.g_w_up),
+        worst_difference(kshard::gather(g_w_down), serial.g_w_down),
+        worst_difference(column_as_row(kshard::gather(g_b_up)), serial.g_b_up),
+        worst_difference(column_as_row(kshard::gather(g_b_down)), serial.g_b_down)};
     const char* names[] = {"output h1",   "grad tokens", "grad per-layer", "grad W_up",
                            "grad W_down", "grad b_up",   "grad b_down"};
     double worst = 0;

@@ -5,7 +5,8 @@
 
 KSHARD_DEBIAN_PACKAGES=(
   cmake ninja-build g++ clang clang-format libclang-rt-14-dev
-  libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenmpi-dev openmpi-bin libfmt-dev
+  libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenmpi-dev openmpi-bin mpich libmpich-dev
+  libfmt-dev
   libgtest-dev libbenchmark-dev doxygen nlohmann-json3-dev libcli11-dev
 )
 # The reference implementation the checkpoint tests compare with (PyPI).
@@ -45,8 +46,10 @@ kshard_mpi_environment() {
     # second (it ignores the old name).
     export OMPI_MCA_rmaps_base_oversubscribe=1
     export PRTE_MCA_rmaps_default_mapping_policy="${PRTE_MCA_rmaps_default_mapping_policy:-:oversubscribe}"
-    # Let each rank's OpenMP threads use every core instead of the one core Open MPI binds to.
+    # Let each rank's OpenMP threads use every core instead of the one core Open MPI binds to
+    # (Open MPI 4 reads the first; Open MPI 5's PRRTE ignores it and reads the second).
     export OMPI_MCA_hwloc_base_binding_policy="${OMPI_MCA_hwloc_base_binding_policy:-none}"
+    export PRTE_MCA_hwloc_default_binding_policy="${PRTE_MCA_hwloc_default_binding_policy:-none}"
     # No fabric on these machines: keep Open MPI from probing for one.
     export OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader,tcp}"
     export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"

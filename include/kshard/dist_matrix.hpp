@@ -45,6 +45,19 @@ bool fits_in_bytes(index_t rows, index_t cols) {
 }
 }  // namespace detail
 
+namespace detail {
+// True, or the compile error saying that layout L does not fit a mesh of rank M. Asserted first
+// where a mesh meets a layout, so that this message, not a failed conversion between mesh types,
+// is the first error.
+template <class L, std::size_t M>
+consteval bool layout_fits_mesh() {
+  static_assert(L::rank == M,
+                "kshard: the layout needs one placement per mesh dimension, but its length "
+                "differs from the mesh rank");
+  return true;
+}
+}  // namespace detail
+
 /// A `rows x cols` matrix of `T` distributed over a mesh by layout `L`. The local shard is a
 /// row-major `Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>`; kernels over it run on
 /// `ExecSpace`. Copies share the local view (like Kokkos views) and the mesh.
@@ -115,10 +128,7 @@ class DistMatrix {
   template <std::size_t M>
   DistMatrix(const Mesh<M>& mesh, const L& layout, index_t rows, index_t cols,
              std::optional<view_type> wrapped, const std::string& label)
-      : mesh_(mesh), layout_(layout) {
-    static_assert(M == mesh_rank,
-                  "kshard::DistMatrix: the layout needs one placement per mesh dimension, "
-                  "but its length differs from the mesh rank");
+      : mesh_(of_layout_rank(mesh)), layout_(layout) {
     const detail::Operation operation("DistMatrix");
     detail::Agreement agreement(mesh.group());
     detail::same_shape_and_layout<T>(agreement, rows, cols, layout_, "the matrix");
@@ -140,6 +150,14 @@ class DistMatrix {
           mapping_.rows.local_extent(), mapping_.cols.local_extent(), mesh_.my_rank(), e.what());
     }
     detail::agree(mesh.group(), failure);
+  }
+
+  // `mesh`, which must have one dimension per placement: the assert speaks before any
+  // conversion between mesh types fails.
+  template <std::size_t M>
+  static const mesh_type& of_layout_rank(const Mesh<M>& mesh) {
+    static_assert(detail::layout_fits_mesh<L, M>());
+    return mesh;
   }
 
   // This rank's own checks, from its own arguments (the agreement compares them across ranks).

@@ -19,6 +19,7 @@
 
 #include "kshard/detail/agreement.hpp"
 #include "kshard/detail/common_kernels.hpp"
+#include "kshard/detail/host_copy.hpp"
 #include "kshard/detail/kokkos_compat.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/dist_matrix.hpp"
@@ -157,12 +158,13 @@ requires Kokkos::is_execution_space<ExecSpace>::value
     DistMatrix<std::remove_const_t<FT>, L, ExecSpace, MemSpace>
     distribute(const ExecSpace& space, const Mesh<M>& mesh, const L& layout,
                const HostMatrix<FT>& full, const std::string& label = "kshard::distribute") {
+  static_assert(detail::layout_fits_mesh<L, M>());
   using T = std::remove_const_t<FT>;
   const detail::Operation operation("distribute");
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, static_cast<index_t>(full.extent(0)),
                                                static_cast<index_t>(full.extent(1)), label);
   const bool holds_value = detail::holds_value<L>(mesh.coords());
-  auto host = Kokkos::create_mirror_view(matrix.local());
+  const auto host = detail::host_mirror(matrix.local());
   detail::for_each_shard_segment(matrix.mapping(),
                                  [&](index_t lr, index_t gr, index_t lc, index_t gc, index_t n) {
                                    for (index_t j = 0; j < n; ++j)
@@ -199,6 +201,7 @@ requires Kokkos::is_execution_space<ExecSpace>::value
     distribute(const ExecSpace& space, const Mesh<M>& mesh, const L& layout,
                const HostMatrix<FT>& full, Root root,
                const std::string& label = "kshard::distribute") {
+  static_assert(detail::layout_fits_mesh<L, M>());
   using T = std::remove_const_t<FT>;
   const detail::Operation operation("distribute");
   detail::Agreement agreement(mesh.group());
@@ -220,7 +223,7 @@ requires Kokkos::is_execution_space<ExecSpace>::value
                                                   static_cast<std::size_t>(n) * sizeof(T));
                                     });
   // Received in host memory (the shard itself when it is there), then copied to the shard.
-  auto host = Kokkos::create_mirror_view(Kokkos::HostSpace(), matrix.local());
+  const auto host = detail::host_mirror(matrix.local());
   const int count = packing.counts[mesh.my_rank()];
   mesh.group().scatterv(packed.data(), packing.counts.data(), packing.displs.data(), host.data(),
                         count, root.rank);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -298,11 +299,10 @@ vocab_parallel_lookup(const M& table, const IdView& ids, std::size_t tp_dim, dou
 /// Errors (`kshard::error`, thrown before anything is written, on every rank when the
 /// replicated arguments are wrong everywhere): `grad_output` not N x H, an id outside [0, V),
 /// a padding id outside [0, V), `tp_dim` not the table's row-splitting dimension.
-template <class ExecSpace, ValuedMatrix M, class IdView, class GradView>
+template <class ExecSpace, ValuedMatrix M, class IdView, class GradView, std::integral TpDim>
 requires detail::ExecutionSpaceFor<ExecSpace, M>
 void vocab_parallel_lookup_backward(const ExecSpace& space, const M& grad_table, const IdView& ids,
-                                    const GradView& grad_output, std::size_t tp_dim,
-                                    double scale = 1.0,
+                                    const GradView& grad_output, TpDim tp_dim, double scale = 1.0,
                                     std::optional<index_t> padding_id = std::nullopt) {
   using T = typename M::value_type;
   using Out = lookup_value_t<T>;
@@ -319,7 +319,8 @@ void vocab_parallel_lookup_backward(const ExecSpace& space, const M& grad_table,
       "kshard::vocab_parallel_lookup_backward: grad_output must be readable from the execution "
       "space it runs on");
 
-  detail::throw_if(detail::tp_dim_problem(grad_table, tp_dim, 0, who, "gradient table"));
+  detail::throw_if(detail::tp_dim_problem(grad_table, static_cast<std::size_t>(tp_dim), 0, who,
+                                          "gradient table"));
   const auto n = static_cast<index_t>(ids.extent(0));
   const index_t vocab = grad_table.rows();
   const index_t h = grad_table.cols();
@@ -354,13 +355,83 @@ void vocab_parallel_lookup_backward(const ExecSpace& space, const M& grad_table,
 
 /// `vocab_parallel_lookup_backward(space, grad_table, ids, grad_output, tp_dim, scale,
 /// padding_id)` on a default instance of the table's execution space.
-template <ValuedMatrix M, class IdView, class GradView>
+template <ValuedMatrix M, class IdView, class GradView, std::integral TpDim>
 void vocab_parallel_lookup_backward(const M& grad_table, const IdView& ids,
-                                    const GradView& grad_output, std::size_t tp_dim,
-                                    double scale = 1.0,
+                                    const GradView& grad_output, TpDim tp_dim, double scale = 1.0,
                                     std::optional<index_t> padding_id = std::nullopt) {
   vocab_parallel_lookup_backward(typename M::execution_space{}, grad_table, ids, grad_output,
                                  tp_dim, scale, padding_id);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same lookup and backward with tp_dim inferred: the one mesh dimension that splits the
+// table's rows (a layout where none or more than one does is a compile error). An integer
+// after the ids (or after `out`, `grad_output`) is a tp_dim; a floating-point one is a scale.
+
+/// `vocab_parallel_lookup(space, table, ids, out, tp_dim, scale)` with `tp_dim` the mesh
+/// dimension that splits the table's rows.
+template <class ExecSpace, ValuedMatrix M, class IdView, detail::KokkosView OutView,
+          std::floating_point Scale = double>
+requires detail::ExecutionSpaceFor<ExecSpace, M>
+void vocab_parallel_lookup(const ExecSpace& space, const M& table, const IdView& ids,
+                           const OutView& out, Scale scale = 1.0) {
+  vocab_parallel_lookup(space, table, ids, out,
+                        detail::inferred_tp_dim<typename M::layout_type, 0>(),
+                        static_cast<double>(scale));
+}
+
+/// `vocab_parallel_lookup(space, table, ids, out, scale)` on a default instance of the table's
+/// execution space.
+template <ValuedMatrix M, class IdView, detail::KokkosView OutView,
+          std::floating_point Scale = double>
+void vocab_parallel_lookup(const M& table, const IdView& ids, const OutView& out,
+                           Scale scale = 1.0) {
+  vocab_parallel_lookup(typename M::execution_space{}, table, ids, out, scale);
+}
+
+/// `vocab_parallel_lookup(space, table, ids, tp_dim, scale)` with `tp_dim` the mesh dimension
+/// that splits the table's rows: the lookup into a new view.
+template <class ExecSpace, ValuedMatrix M, class IdView, std::floating_point Scale = double>
+requires detail::ExecutionSpaceFor<ExecSpace, M> Kokkos::View <
+    lookup_value_t<typename M::value_type>
+**, Kokkos::LayoutRight,
+    typename M::memory_space > vocab_parallel_lookup(const ExecSpace& space, const M& table,
+                                                     const IdView& ids, Scale scale = 1.0) {
+  return vocab_parallel_lookup(space, table, ids,
+                               detail::inferred_tp_dim<typename M::layout_type, 0>(),
+                               static_cast<double>(scale));
+}
+
+/// `vocab_parallel_lookup(space, table, ids, scale)` on a default instance of the table's
+/// execution space.
+template <ValuedMatrix M, class IdView, std::floating_point Scale = double>
+Kokkos::View<lookup_value_t<typename M::value_type>**, Kokkos::LayoutRight,
+             typename M::memory_space>
+vocab_parallel_lookup(const M& table, const IdView& ids, Scale scale = 1.0) {
+  return vocab_parallel_lookup(typename M::execution_space{}, table, ids, scale);
+}
+
+/// `vocab_parallel_lookup_backward(space, grad_table, ids, grad_output, tp_dim, scale,
+/// padding_id)` with `tp_dim` the mesh dimension that splits the table's rows.
+template <class ExecSpace, ValuedMatrix M, class IdView, class GradView,
+          std::floating_point Scale = double>
+requires detail::ExecutionSpaceFor<ExecSpace, M>
+void vocab_parallel_lookup_backward(const ExecSpace& space, const M& grad_table, const IdView& ids,
+                                    const GradView& grad_output, Scale scale = 1.0,
+                                    std::optional<index_t> padding_id = std::nullopt) {
+  vocab_parallel_lookup_backward(space, grad_table, ids, grad_output,
+                                 detail::inferred_tp_dim<typename M::layout_type, 0>(),
+                                 static_cast<double>(scale), padding_id);
+}
+
+/// `vocab_parallel_lookup_backward(space, grad_table, ids, grad_output, scale, padding_id)` on
+/// a default instance of the table's execution space.
+template <ValuedMatrix M, class IdView, class GradView, std::floating_point Scale = double>
+void vocab_parallel_lookup_backward(const M& grad_table, const IdView& ids,
+                                    const GradView& grad_output, Scale scale = 1.0,
+                                    std::optional<index_t> padding_id = std::nullopt) {
+  vocab_parallel_lookup_backward(typename M::execution_space{}, grad_table, ids, grad_output, scale,
+                                 padding_id);
 }
 
 }  // namespace kshard

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "kshard/bias.hpp"
 #include "kshard/detail/agreement.hpp"
 #include "kshard/detail/common_kernels.hpp"
 #include "kshard/detail/gemm.hpp"
@@ -41,17 +42,60 @@ namespace detail {
 template <class B>
 inline constexpr bool is_no_bias_v = std::is_same_v<std::remove_cvref_t<B>, no_bias_t>;
 
-// A bias argument: `no_bias`, or a rank-1 view.
+// A bias argument: `no_bias`, a rank-1 view (this rank's part), or an `out x 1` DistMatrix
+// laid out like the weight's rows (kshard/bias.hpp).
 template <class B>
-concept BiasArgument = is_no_bias_v<B> || is_view_of_rank<std::remove_cvref_t<B>>(1);
+concept BiasArgument = is_no_bias_v<B> ||
+    is_view_of_rank<std::remove_cvref_t<B>>(1) || ValuedMatrix<B>;
 
-// The view type a bias argument is checked as: the bias itself, or (for no_bias) a vector of
+// What the kernels use of a bias argument: a DistMatrix's local column, anything else as given.
+template <class B>
+auto local_bias(const B& bias) {
+  if constexpr (DistributedMatrix<B>)
+    return Kokkos::subview(bias.local(), Kokkos::ALL, 0);
+  else
+    return bias;
+}
+
+// The view type a bias argument is checked as: its local view, or (for no_bias) a vector of
 // the weight's element type, which every check accepts.
 template <class W, class B>
 using bias_view_t =
     std::conditional_t<is_no_bias_v<B>,
                        Kokkos::View<typename W::value_type*, typename W::memory_space>,
-                       std::remove_cvref_t<B>>;
+                       decltype(local_bias(std::declval<const B&>()))>;
+
+// A bias DistMatrix must be `out x 1` on the weight's mesh, laid out as bias_layout(weight's
+// layout). Every value compared was agreed over the mesh when the matrices were built, so every
+// rank finds the same problem without communicating.
+template <class W, class B>
+std::optional<std::string> bias_matrix_problem(const W& weight, const B& bias, const char* who,
+                                               const char* what) {
+  if constexpr (!DistributedMatrix<B>) {
+    return std::nullopt;
+  } else {
+    static_assert(std::is_same_v<typename B::layout_type, bias_layout_t<typename W::layout_type>>,
+                  "kshard: a bias DistMatrix must be split like its weight's rows and replicated "
+                  "elsewhere: its layout type must be kshard::bias_layout_t<the weight's layout "
+                  "type> (kshard::distribute_bias builds one)");
+    static_assert(std::is_same_v<typename B::memory_space, typename W::memory_space>,
+                  "kshard: a bias DistMatrix must live in its weight's memory space");
+    const auto want = bias_layout(weight.layout());
+    if (bias.rows() != weight.rows() || bias.cols() != 1)
+      return fmt::format("kshard::{}: {} is {} x {} but the weight is {} x {}: it must be {} x 1",
+                         who, what, bias.rows(), bias.cols(), weight.rows(), weight.cols(),
+                         weight.rows());
+    if (!(bias.layout() == want))
+      return fmt::format(
+          "kshard::{}: {} has layout {} but the weight's layout {} needs {}: the bias must be "
+          "split like the weight's rows",
+          who, what, bias.layout(), weight.layout(), want);
+    if (!same_mesh(bias.mesh(), weight.mesh()))
+      return fmt::format("kshard::{}: {} is on {} but the weight is on {}, not the same mesh", who,
+                         what, bias.mesh(), weight.mesh());
+    return std::nullopt;
+  }
+}
 
 // The number of elements of a bias argument (none for no_bias).
 template <class B>
@@ -114,15 +158,15 @@ tp_matrix_view_t<W> row_forward(const ExecSpace& space, const W& weight, const X
         a.same("the number of rows of x_local (tokens)", static_cast<index_t>(x_local.extent(0)));
       });
   const auto in_local = weight.mapping().cols.local_extent();
-  const auto bias_size = bias_extent(bias);
-  std::optional<std::string> problem;
-  if (static_cast<index_t>(x_local.extent(1)) != in_local)
+  const auto bias_size = bias_extent(local_bias(bias));
+  auto problem = bias_matrix_problem(weight, bias, who, "the bias");
+  if (!problem && static_cast<index_t>(x_local.extent(1)) != in_local)
     problem = fmt::format(
         "kshard::{}: x_local on rank {} is {} but the weight's local shard there is {} (of "
         "{} x {}): x_local needs one column per local input feature ({})",
         who, weight.mesh().my_rank(), shape_of(x_local), shape_of(weight.local()), weight.rows(),
         weight.cols(), in_local);
-  else if (bias_size && *bias_size != weight.rows())
+  if (!problem && bias_size && *bias_size != weight.rows())
     problem = fmt::format(
         "kshard::{}: the bias has {} elements but the weight is {} x {}: it needs one per "
         "output feature ({})",
@@ -136,7 +180,7 @@ tp_matrix_view_t<W> row_forward(const ExecSpace& space, const W& weight, const X
   auto y = layer_result<W>("kshard::row_parallel_y", x_local.extent(0), weight.rows());
   gemm_nt(space, x_local, weight.local(), y, false);
   sum_over_tp(space, weight.mesh(), tp_dim, y);
-  if constexpr (!is_no_bias_v<B>) add_bias(space, y, bias);
+  if constexpr (!is_no_bias_v<B>) add_bias(space, y, local_bias(bias));
   return y;
 }
 
@@ -156,6 +200,7 @@ tp_matrix_view_t<W> row_backward(const ExecSpace& space, const W& weight, const 
   const char* who = "row_parallel_linear_backward";
   throw_if(tp_dim_problem(weight, tp_dim, 1, who, "weight"));
   throw_if(placement_problem(weight, grad_weight, who, "grad_weight"));
+  throw_if(bias_matrix_problem(weight, grad_bias, who, "grad_bias"));
   const auto in_local = weight.mapping().cols.local_extent();
   if (static_cast<index_t>(grad_y.extent(1)) != weight.rows())
     throw error(fmt::format(
@@ -168,7 +213,7 @@ tp_matrix_view_t<W> row_backward(const ExecSpace& space, const W& weight, const 
         "{}: x_local must be {} x {}",
         who, weight.mesh().my_rank(), shape_of(x_local), shape_of(grad_y), shape_of(weight.local()),
         grad_y.extent(0), in_local));
-  if (const auto size = bias_extent(grad_bias); size && *size != weight.rows())
+  if (const auto size = bias_extent(local_bias(grad_bias)); size && *size != weight.rows())
     throw error(
         fmt::format("kshard::{}: grad_bias has {} elements but the weight is {} x {}: it needs {}",
                     who, *size, weight.rows(), weight.cols(), weight.rows()));
@@ -176,7 +221,7 @@ tp_matrix_view_t<W> row_backward(const ExecSpace& space, const W& weight, const 
   gemm_nn(space, grad_y, weight.local(), grad_x, false);
   gemm_tn(space, grad_y, x_local, grad_weight.local(), true);
   if constexpr (!is_no_bias_v<GB>)
-    add_column_sums(space, "kshard::column_sums", grad_y, grad_bias, AllRows{});
+    add_column_sums(space, "kshard::column_sums", grad_y, local_bias(grad_bias), AllRows{});
   return grad_x;
 }
 
@@ -194,20 +239,21 @@ tp_matrix_view_t<W> column_forward(const ExecSpace& space, const W& weight, cons
   check_linear_types<ExecSpace, W, X, bias_view_t<W, B>>();
   const char* who = "column_parallel_linear";
   throw_if(tp_dim_problem(weight, tp_dim, 0, who, "weight"));
+  throw_if(bias_matrix_problem(weight, bias_local, who, "bias_local"));
   const auto out_local = weight.mapping().rows.local_extent();
   if (static_cast<index_t>(x.extent(1)) != weight.cols())
     throw error(fmt::format(
         "kshard::{}: x is {} but the weight is {} x {}: x needs one column per input feature "
         "({})",
         who, shape_of(x), weight.rows(), weight.cols(), weight.cols()));
-  if (const auto size = bias_extent(bias_local); size && *size != out_local)
+  if (const auto size = bias_extent(local_bias(bias_local)); size && *size != out_local)
     throw error(fmt::format(
         "kshard::{}: bias_local on rank {} has {} elements but the weight's local shard there is "
         "{}: it needs one per local output feature ({})",
         who, weight.mesh().my_rank(), *size, shape_of(weight.local()), out_local));
   auto y = layer_result<W>("kshard::column_parallel_y", x.extent(0), out_local);
   gemm_nt(space, x, weight.local(), y, false);
-  if constexpr (!is_no_bias_v<B>) add_bias(space, y, bias_local);
+  if constexpr (!is_no_bias_v<B>) add_bias(space, y, local_bias(bias_local));
   return y;
 }
 
@@ -231,21 +277,21 @@ tp_matrix_view_t<W> column_backward(const ExecSpace& space, const W& weight, con
         a.same("the number of rows of x (tokens)", static_cast<index_t>(x.extent(0)));
       });
   const auto out_local = weight.mapping().rows.local_extent();
-  const auto bias_size = bias_extent(grad_bias_local);
-  std::optional<std::string> problem;
-  if (static_cast<index_t>(x.extent(1)) != weight.cols())
+  const auto bias_size = bias_extent(local_bias(grad_bias_local));
+  auto problem = bias_matrix_problem(weight, grad_bias_local, who, "grad_bias_local");
+  if (!problem && static_cast<index_t>(x.extent(1)) != weight.cols())
     problem = fmt::format(
         "kshard::{}: x is {} but the weight is {} x {}: x needs one column per input feature "
         "({})",
         who, shape_of(x), weight.rows(), weight.cols(), weight.cols());
-  else if (static_cast<index_t>(grad_y_local.extent(1)) != out_local ||
-           grad_y_local.extent(0) != x.extent(0))
+  if (!problem && (static_cast<index_t>(grad_y_local.extent(1)) != out_local ||
+                   grad_y_local.extent(0) != x.extent(0)))
     problem = fmt::format(
         "kshard::{}: grad_y_local on rank {} is {} but x is {} and the weight's local shard is "
         "{}: grad_y_local must be {} x {}",
         who, weight.mesh().my_rank(), shape_of(grad_y_local), shape_of(x), shape_of(weight.local()),
         x.extent(0), out_local);
-  else if (bias_size && *bias_size != out_local)
+  if (!problem && bias_size && *bias_size != out_local)
     problem = fmt::format(
         "kshard::{}: grad_bias_local on rank {} has {} elements but the weight's local shard "
         "there is {}: it needs {}",
@@ -262,7 +308,8 @@ tp_matrix_view_t<W> column_backward(const ExecSpace& space, const W& weight, con
   gemm_nn(space, grad_y_local, weight.local(), grad_x, false);
   gemm_tn(space, grad_y_local, x, grad_weight.local(), true);
   if constexpr (!is_no_bias_v<GB>)
-    add_column_sums(space, "kshard::column_sums", grad_y_local, grad_bias_local, AllRows{});
+    add_column_sums(space, "kshard::column_sums", grad_y_local, local_bias(grad_bias_local),
+                    AllRows{});
   sum_over_tp(space, weight.mesh(), tp_dim, grad_x);
   return grad_x;
 }
@@ -280,7 +327,8 @@ tp_matrix_view_t<W> column_backward(const ExecSpace& space, const W& weight, con
 /// only (`Shard<1>` or `StridedShard<1>`), float or double. `x_local` is `[N, in_local]`: this
 /// rank's input features, in the order of `weight.mapping().cols` (the output of a
 /// column-parallel layer whose weight rows are split the same way, for example). `bias` is the
-/// replicated `[out]` bias, added once, after the reduction, or `kshard::no_bias`. An agreement
+/// replicated `[out]` bias (a view, or the `out x 1` DistMatrix of `kshard::distribute_bias`),
+/// added once, after the reduction, or `kshard::no_bias`. An agreement
 /// within the tp group on N, then one over the mesh on the weight, `tp_dim`, the bias's presence
 /// and the shapes (a wrong or differing value on any rank is the same `kshard::error`
 /// everywhere), then one all-reduce of N x out elements over `mesh.dim_comm(tp_dim)` (none when
@@ -316,7 +364,8 @@ detail::tp_matrix_view_t<W> row_parallel_linear(const W& weight, const X& x_loca
 /// Row-parallel linear layer backward, from the replicated output gradient `grad_y` `[N, out]`:
 /// returns `grad_x_local = grad_y * W_local` `[N, in_local]`, adds `grad_y^T * x_local` to
 /// `grad_weight`'s local shard (laid out like `weight`, on the same mesh) and the column sums of
-/// `grad_y` to the replicated `grad_bias` `[out]` (unless it is `kshard::no_bias`). Runs on
+/// `grad_y` to the replicated `grad_bias` `[out]` (a view or a bias DistMatrix; unless it is
+/// `kshard::no_bias`). Runs on
 /// `space`, not waited for. No communication; argument errors throw `kshard::error` on the
 /// ranks that see them, before anything is written.
 template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY,
@@ -365,7 +414,9 @@ detail::tp_matrix_view_t<W> row_parallel_linear_backward(const W& weight, const 
 ///
 /// `weight` is `out x in` with its rows (output features) split over mesh dimension `tp_dim`
 /// only (`Shard<0>` or `StridedShard<0>`), float or double. `x` is the replicated `[N, in]`
-/// input, `bias_local` this rank's `[out_local]` slice of the bias, or `kshard::no_bias`. No
+/// input, `bias_local` this rank's `[out_local]` slice of the bias, the whole bias as the
+/// `out x 1` DistMatrix of `kshard::distribute_bias` (split like the weight's rows, checked
+/// against its layout: the same `kshard::error` on every rank), or `kshard::no_bias`. No
 /// communication.
 template <class ExecSpace, ValuedMatrix W, class X, detail::BiasArgument B>
 requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W> column_parallel_linear(
@@ -399,7 +450,8 @@ detail::tp_matrix_view_t<W> column_parallel_linear(const W& weight, const X& x,
 /// `grad_y_local` `[N, out_local]`: returns the replicated `grad_x = allreduce_tp(grad_y_local *
 /// W_local)` `[N, in]`, adds `grad_y_local^T * x` to `grad_weight`'s local shard (laid out like
 /// `weight`, on the same mesh) and the column sums of `grad_y_local` to `grad_bias_local`
-/// `[out_local]` (unless it is `kshard::no_bias`). Runs on `space` (fenced before the
+/// `[out_local]` (or to the local rows of a bias DistMatrix laid out like `distribute_bias`'s;
+/// unless it is `kshard::no_bias`). Runs on `space` (fenced before the
 /// all-reduce). An agreement within the tp group on N, then one over the mesh on the weight,
 /// the gradient matrix, `tp_dim` and the shapes (the same `kshard::error` on every rank, before
 /// anything is written), then one all-reduce of N x in elements over `mesh.dim_comm(tp_dim)`
@@ -443,6 +495,148 @@ detail::tp_matrix_view_t<W> column_parallel_linear_backward(const W& weight, con
                                                             std::size_t tp_dim) {
   return detail::column_backward(typename W::execution_space{}, weight, x, grad_y_local,
                                  grad_weight, no_bias, tp_dim);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same layers with tp_dim inferred: the one mesh dimension that splits the weight's input
+// features (row-parallel) or output features (column-parallel). A layout where no mesh
+// dimension, or more than one, splits them does not compile.
+
+/// `row_parallel_linear(space, weight, x_local, bias, tp_dim)` with `tp_dim` the mesh dimension
+/// that splits the weight's columns.
+template <class ExecSpace, ValuedMatrix W, class X, detail::BiasArgument B>
+requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W> row_parallel_linear(
+    const ExecSpace& space, const W& weight, const X& x_local, const B& bias) {
+  return detail::row_forward(space, weight, x_local, bias,
+                             detail::inferred_tp_dim<typename W::layout_type, 1>());
+}
+
+/// `row_parallel_linear(space, weight, x_local, kshard::no_bias)`, `tp_dim` inferred.
+template <class ExecSpace, ValuedMatrix W, class X>
+requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W> row_parallel_linear(
+    const ExecSpace& space, const W& weight, const X& x_local) {
+  return row_parallel_linear(space, weight, x_local, no_bias);
+}
+
+/// `row_parallel_linear(space, weight, x_local, bias)`, `tp_dim` inferred, on a default instance
+/// of the weight's execution space.
+template <ValuedMatrix W, class X, detail::BiasArgument B>
+detail::tp_matrix_view_t<W> row_parallel_linear(const W& weight, const X& x_local, const B& bias) {
+  return row_parallel_linear(typename W::execution_space{}, weight, x_local, bias);
+}
+
+/// Row-parallel linear layer forward without a bias, `tp_dim` inferred.
+template <ValuedMatrix W, class X>
+detail::tp_matrix_view_t<W> row_parallel_linear(const W& weight, const X& x_local) {
+  return row_parallel_linear(typename W::execution_space{}, weight, x_local, no_bias);
+}
+
+/// `row_parallel_linear_backward(space, weight, x_local, grad_y, grad_weight, grad_bias,
+/// tp_dim)` with `tp_dim` the mesh dimension that splits the weight's columns.
+template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY,
+          detail::BiasArgument GB>
+requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W>
+row_parallel_linear_backward(const ExecSpace& space, const W& weight, const X& x_local,
+                             const GY& grad_y, const G& grad_weight, const GB& grad_bias) {
+  return detail::row_backward(space, weight, x_local, grad_y, grad_weight, grad_bias,
+                              detail::inferred_tp_dim<typename W::layout_type, 1>());
+}
+
+/// Row-parallel linear layer backward without a bias, `tp_dim` inferred.
+template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY>
+requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W>
+row_parallel_linear_backward(const ExecSpace& space, const W& weight, const X& x_local,
+                             const GY& grad_y, const G& grad_weight) {
+  return row_parallel_linear_backward(space, weight, x_local, grad_y, grad_weight, no_bias);
+}
+
+/// `row_parallel_linear_backward(space, ...)`, `tp_dim` inferred, on a default instance of the
+/// weight's execution space.
+template <ValuedMatrix W, ValuedMatrix G, class X, class GY, detail::BiasArgument GB>
+detail::tp_matrix_view_t<W> row_parallel_linear_backward(const W& weight, const X& x_local,
+                                                         const GY& grad_y, const G& grad_weight,
+                                                         const GB& grad_bias) {
+  return row_parallel_linear_backward(typename W::execution_space{}, weight, x_local, grad_y,
+                                      grad_weight, grad_bias);
+}
+
+/// Row-parallel linear layer backward without a bias, `tp_dim` inferred, on a default instance.
+template <ValuedMatrix W, ValuedMatrix G, class X, class GY>
+detail::tp_matrix_view_t<W> row_parallel_linear_backward(const W& weight, const X& x_local,
+                                                         const GY& grad_y, const G& grad_weight) {
+  return row_parallel_linear_backward(typename W::execution_space{}, weight, x_local, grad_y,
+                                      grad_weight, no_bias);
+}
+
+/// `column_parallel_linear(space, weight, x, bias_local, tp_dim)` with `tp_dim` the mesh
+/// dimension that splits the weight's rows.
+template <class ExecSpace, ValuedMatrix W, class X, detail::BiasArgument B>
+requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W> column_parallel_linear(
+    const ExecSpace& space, const W& weight, const X& x, const B& bias_local) {
+  return detail::column_forward(space, weight, x, bias_local,
+                                detail::inferred_tp_dim<typename W::layout_type, 0>());
+}
+
+/// `column_parallel_linear(space, weight, x, kshard::no_bias)`, `tp_dim` inferred.
+template <class ExecSpace, ValuedMatrix W, class X>
+requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W> column_parallel_linear(
+    const ExecSpace& space, const W& weight, const X& x) {
+  return column_parallel_linear(space, weight, x, no_bias);
+}
+
+/// `column_parallel_linear(space, weight, x, bias_local)`, `tp_dim` inferred, on a default
+/// instance of the weight's execution space.
+template <ValuedMatrix W, class X, detail::BiasArgument B>
+detail::tp_matrix_view_t<W> column_parallel_linear(const W& weight, const X& x,
+                                                   const B& bias_local) {
+  return column_parallel_linear(typename W::execution_space{}, weight, x, bias_local);
+}
+
+/// Column-parallel linear layer forward without a bias, `tp_dim` inferred.
+template <ValuedMatrix W, class X>
+detail::tp_matrix_view_t<W> column_parallel_linear(const W& weight, const X& x) {
+  return column_parallel_linear(typename W::execution_space{}, weight, x, no_bias);
+}
+
+/// `column_parallel_linear_backward(space, weight, x, grad_y_local, grad_weight,
+/// grad_bias_local, tp_dim)` with `tp_dim` the mesh dimension that splits the weight's rows.
+template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY,
+          detail::BiasArgument GB>
+requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W>
+column_parallel_linear_backward(const ExecSpace& space, const W& weight, const X& x,
+                                const GY& grad_y_local, const G& grad_weight,
+                                const GB& grad_bias_local) {
+  return detail::column_backward(space, weight, x, grad_y_local, grad_weight, grad_bias_local,
+                                 detail::inferred_tp_dim<typename W::layout_type, 0>());
+}
+
+/// Column-parallel linear layer backward without a bias, `tp_dim` inferred.
+template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY>
+requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W>
+column_parallel_linear_backward(const ExecSpace& space, const W& weight, const X& x,
+                                const GY& grad_y_local, const G& grad_weight) {
+  return column_parallel_linear_backward(space, weight, x, grad_y_local, grad_weight, no_bias);
+}
+
+/// `column_parallel_linear_backward(space, ...)`, `tp_dim` inferred, on a default instance of
+/// the weight's execution space.
+template <ValuedMatrix W, ValuedMatrix G, class X, class GY, detail::BiasArgument GB>
+detail::tp_matrix_view_t<W> column_parallel_linear_backward(const W& weight, const X& x,
+                                                            const GY& grad_y_local,
+                                                            const G& grad_weight,
+                                                            const GB& grad_bias_local) {
+  return column_parallel_linear_backward(typename W::execution_space{}, weight, x, grad_y_local,
+                                         grad_weight, grad_bias_local);
+}
+
+/// Column-parallel linear layer backward without a bias, `tp_dim` inferred, on a default
+/// instance.
+template <ValuedMatrix W, ValuedMatrix G, class X, class GY>
+detail::tp_matrix_view_t<W> column_parallel_linear_backward(const W& weight, const X& x,
+                                                            const GY& grad_y_local,
+                                                            const G& grad_weight) {
+  return column_parallel_linear_backward(typename W::execution_space{}, weight, x, grad_y_local,
+                                         grad_weight, no_bias);
 }
 
 }  // namespace kshard

@@ -4,7 +4,9 @@
 /// `Mesh<N>`: an N-dimensional grid of MPI ranks with named dimensions and one
 /// sub-communicator per dimension.
 
+#include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -12,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -24,6 +27,27 @@
 #include "kshard/error.hpp"
 
 namespace kshard {
+
+namespace detail {
+// A mesh dimension as `Mesh::sub` takes it: its name or its index.
+template <class D>
+concept MeshDimension = std::convertible_to<const D&, std::string_view> ||
+    (std::integral<D> && !std::same_as<D, bool>);
+
+// The mesh rank of a named shape given to Mesh's constructor. A shape whose length is known
+// only at run time is refused here, before deduction lists every constructor that failed.
+template <class Shape>
+struct shape_rank {
+  static_assert(sizeof(Shape) == 0,
+                "kshard::Mesh: the mesh shape must be a std::array<int, N> or a braced list of N "
+                "ints: N is the mesh rank, fixed at compile time (a std::vector's length is not)");
+  static constexpr std::size_t value = 1;
+};
+template <std::size_t N>
+struct shape_rank<std::array<int, N>> {
+  static constexpr std::size_t value = N;
+};
+}  // namespace detail
 
 /// An N-D grid over an MPI communicator, row-major (the last dimension varies fastest, as
 /// in `torch.distributed.DeviceMesh`). Copies share the communicators, which are created
@@ -61,17 +85,8 @@ class Mesh {
     s.rank = s.group.rank();
     agree_on_shape(s.group, shape, names, s.size);
     s.coords = coords_of(s.rank);
-    for (std::size_t m = 0; m < N; ++m) {
-      // Ranks that differ only in coordinate m share a colour: the linear index of the others.
-      int colour = 0;
-      for (std::size_t j = 0; j < N; ++j)
-        if (j != m) colour = colour * shape[j] + s.coords[j];
-      MPI_Comm sub = MPI_COMM_NULL;
-      detail::check_mpi(MPI_Comm_split(whole.get(), colour, s.coords[m], &sub), "MPI_Comm_split");
-      auto dimension = detail::Communicator::adopt(sub);
-      dimension.set_name(fmt::format("mesh dimension {} ('{}')", m, names[m]));
-      s.dim_groups[m] = comm::Group(dimension);
-    }
+    for (std::size_t m = 0; m < N; ++m)
+      s.dim_groups[m] = split({m}, fmt::format("mesh dimension {} ('{}')", m, names[m]));
   }
 
   /// Builds the mesh with default dimension names "d0", "d1", ...
@@ -102,10 +117,40 @@ class Mesh {
 
   /// Index of the dimension called `name`; throws `kshard::error` when there is none.
   [[nodiscard]] std::size_t dim(std::string_view name) const {
-    for (std::size_t m = 0; m < N; ++m)
-      if (state_->names[m] == name) return m;
-    throw error(fmt::format("kshard: mesh has no dimension named '{}' (it has {})", name,
-                            fmt::join(state_->names, ", ")));
+    std::optional<std::string> problem;
+    const std::size_t m = resolve(name, problem);
+    if (problem) throw error(*problem);
+    return m;
+  }
+
+  /// The mesh over dimensions `dims` of this one, given by name or index in the order the
+  /// sub-mesh takes them (DeviceMesh's `mesh["tp"]` is `mesh.sub("tp")`, `mesh["dp", "tp"]`
+  /// is `mesh.sub("dp", "tp")`): the ranks that share this rank's coordinates along every
+  /// other dimension, with the extents, names and per-dimension communicators of the chosen
+  /// dimensions. It is a mesh like any other (distribute, redistribute, lookups).
+  /// Cost: one dimension is local and free (the sub-mesh shares this mesh's communicator for
+  /// it); several are collective over this mesh: one agreement (an all-reduce) and one
+  /// `MPI_Comm_split` for the sub-mesh's own communicator, so build such sub-meshes once.
+  /// An unknown name, an index >= N or a dimension given twice throws `kshard::error`, the
+  /// same on every rank that passes the same `dims`; with several dimensions, ranks that pass
+  /// different ones throw the same error too.
+  template <class... Dims>
+  requires(sizeof...(Dims) >= 1 && (detail::MeshDimension<Dims> && ...))
+      [[nodiscard]] Mesh<sizeof...(Dims)> sub(const Dims&... dims) const {
+    constexpr std::size_t K = sizeof...(Dims);
+    const detail::Operation operation("Mesh::sub");
+    std::optional<std::string> problem;
+    const std::array<std::size_t, K> chosen{resolve(dims, problem)...};
+    if (!problem) problem = repetition(chosen);
+    if constexpr (K == 1) {
+      if (problem) throw error(*problem);
+      return Mesh<1>(*this, chosen, dim_group(chosen[0]));
+    } else {
+      agree_on_sub(chosen, std::move(problem));
+      return Mesh<K>(*this, chosen,
+                     split({chosen.begin(), chosen.end()},
+                           fmt::format("sub-mesh ({})", fmt::join(names_of(chosen), ", "))));
+    }
   }
 
   /// Coordinates of `rank` (row-major).
@@ -129,6 +174,26 @@ class Mesh {
   friend bool operator==(const Mesh& a, const Mesh& b) { return a.state_ == b.state_; }
 
  private:
+  template <std::size_t>
+  friend class Mesh;
+
+  // The sub-mesh of `parent` over its dimensions `dims`, whose ranks `whole` holds in
+  // row-major order of their coordinates along `dims` (Mesh::sub).
+  template <std::size_t P>
+  Mesh(const Mesh<P>& parent, const std::array<std::size_t, N>& dims, comm::Group whole)
+      : state_(std::make_shared<State>()) {
+    State& s = *state_;
+    for (std::size_t i = 0; i < N; ++i) {
+      s.shape[i] = parent.extent(dims[i]);
+      s.names[i] = parent.names()[dims[i]];
+      s.coords[i] = parent.coords()[dims[i]];
+      s.dim_groups[i] = parent.dim_group(dims[i]);
+    }
+    s.group = std::move(whole);
+    s.size = s.group.size();
+    s.rank = s.group.rank();
+  }
+
   struct State {
     std::array<int, N> shape{};
     std::array<std::string, N> names{};
@@ -143,6 +208,86 @@ class Mesh {
     std::array<std::string, N> names;
     for (std::size_t m = 0; m < N; ++m) names[m] = fmt::format("d{}", m);
     return names;
+  }
+
+  // Index of dimension `name`; N, and the reason in `problem` (unless it holds one), when the
+  // mesh has none.
+  std::size_t resolve(std::string_view name, std::optional<std::string>& problem) const {
+    for (std::size_t m = 0; m < N; ++m)
+      if (state_->names[m] == name) return m;
+    if (!problem)
+      problem = fmt::format("kshard: mesh has no dimension named '{}' (it has {})", name,
+                            fmt::join(state_->names, ", "));
+    return N;
+  }
+
+  // `index` itself; N, and the reason in `problem` (unless it holds one), when it is out of range.
+  template <std::integral I>
+  std::size_t resolve(I index, std::optional<std::string>& problem) const {
+    if (std::cmp_greater_equal(index, 0) && std::cmp_less(index, N))
+      return static_cast<std::size_t>(index);
+    if (!problem)
+      problem = fmt::format(
+          "kshard: mesh dimension index {} is out of range: the mesh has {} dimensions, 0 to {} "
+          "({})",
+          index, N, N - 1, fmt::join(state_->names, ", "));
+    return N;
+  }
+
+  // Why `dims` choose a dimension twice, if they do.
+  template <std::size_t K>
+  std::optional<std::string> repetition(const std::array<std::size_t, K>& dims) const {
+    for (std::size_t i = 0; i < K; ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        if (dims[i] == dims[j])
+          return fmt::format("kshard: mesh dimension {} ('{}') is chosen twice for a sub-mesh",
+                             dims[i], state_->names[dims[i]]);
+    return std::nullopt;
+  }
+
+  // The names of dimensions `dims`, in that order.
+  template <std::size_t K>
+  std::vector<std::string> names_of(const std::array<std::size_t, K>& dims) const {
+    std::vector<std::string> names;
+    for (const std::size_t m : dims) names.push_back(state_->names[m]);
+    return names;
+  }
+
+  // Ranks that chose other dimensions would split the mesh into groups that do not fit
+  // together: the agreement turns that, and any rank's own problem, into one error everywhere.
+  template <std::size_t K>
+  void agree_on_sub(const std::array<std::size_t, K>& dims,
+                    std::optional<std::string> problem) const {
+    detail::Agreement agreement(group());
+    agreement.same("the number of sub-mesh dimensions", static_cast<std::int64_t>(K));
+    detail::Digest digest;
+    for (const std::size_t m : dims) digest.add(static_cast<std::int64_t>(m));
+    const std::int64_t mine = digest.value();
+    agreement.same("the sub-mesh dimensions", mine, [&](std::int64_t v) {
+      return v == mine ? fmt::format("({})", fmt::join(dims, ", ")) : std::string("others");
+    });
+    agreement.problem(std::move(problem)).settle();
+  }
+
+  // Row-major index of this rank's coordinates along `dims`, in that order.
+  [[nodiscard]] int position_along(const std::vector<std::size_t>& dims) const {
+    int position = 0;
+    for (const std::size_t m : dims) position = position * state_->shape[m] + state_->coords[m];
+    return position;
+  }
+
+  // The ranks whose coordinates differ from this rank's only along `dims`, ranked row-major by
+  // their coordinates along `dims`: a new communicator (collective over the mesh).
+  comm::Group split(const std::vector<std::size_t>& dims, const std::string& name) const {
+    std::vector<std::size_t> others;
+    for (std::size_t m = 0; m < N; ++m)
+      if (std::find(dims.begin(), dims.end(), m) == dims.end()) others.push_back(m);
+    MPI_Comm sub = MPI_COMM_NULL;
+    detail::check_mpi(MPI_Comm_split(comm(), position_along(others), position_along(dims), &sub),
+                      "MPI_Comm_split");
+    auto communicator = detail::Communicator::adopt(sub);
+    communicator.set_name(name);
+    return comm::Group(communicator);
   }
 
   // One agreement: the mesh rank first (a Mesh<1> on one rank and a Mesh<2> on another meet
@@ -195,5 +340,9 @@ Mesh(MPI_Comm, const int (&)[N]) -> Mesh<N>;
 /// Deduces `N` from a braced shape and names: `Mesh(comm, {2, 2}, {"dp", "tp"})`.
 template <std::size_t N>
 Mesh(MPI_Comm, const int (&)[N], const char* const (&)[N]) -> Mesh<N>;
+/// Deduces `N` from a `std::array<int, N>` shape, with or without names; any other shape type
+/// (a `std::vector`) fails with a message naming the accepted ones.
+template <class Shape, class... Names>
+Mesh(MPI_Comm, const Shape&, const Names&...) -> Mesh<detail::shape_rank<Shape>::value>;
 
 }  // namespace kshard

@@ -13,6 +13,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -159,12 +160,8 @@ Stage<T, S> compile_exchange(const Space& space, const Geometry<NS>& src, const 
   // rank); the totals, and with them the displacements, are this rank's alone: checked below.
   index_t sent = 0;
   index_t received = 0;
-  std::vector<index_t> send_at(n, 0);
-  std::vector<index_t> recv_at(n, 0);
   for (int t = 0; t < peers; ++t) {
     const auto p = static_cast<std::size_t>(t);
-    send_at[p] = sent;
-    recv_at[p] = received;
     if (t == self) continue;
     const std::array<int, NS> t_src = src_coords(t);
     if (!agrees(t_src)) continue;
@@ -190,10 +187,11 @@ Stage<T, S> compile_exchange(const Space& space, const Geometry<NS>& src, const 
                                           "the number of elements this rank sends or receives in "
                                           "one all-to-all");
   if (stage.count_problem) return stage;
-  for (std::size_t p = 0; p < n; ++p) {
-    stage.send_displs[p] = static_cast<int>(send_at[p]);
-    stage.recv_displs[p] = static_cast<int>(recv_at[p]);
-  }
+  // The blocks lie in peer order, as `sent` and `received` counted them.
+  std::exclusive_scan(stage.send_counts.begin(), stage.send_counts.end(), stage.send_displs.begin(),
+                      0);
+  std::exclusive_scan(stage.recv_counts.begin(), stage.recv_counts.end(), stage.recv_displs.begin(),
+                      0);
   const auto contiguous = [](const std::vector<MoveList>& lists) {
     for (const MoveList& list : lists)
       if (list.moves().size() > 1) return false;
@@ -437,9 +435,11 @@ std::optional<std::string> check_same_communicator(const Mesh<N>& mesh, const Me
 
 /// A redistribution planned once and applied any number of times (heFFTe's reshape plans,
 /// Cabana's Distributor): made by `plan_redistribute` (collective: it agrees on its arguments
-/// the way `redistribute` does), it holds the steps, the pack and unpack index lists (already in
-/// `MemSpace`), the counts of every collective and the message buffers, so that `apply` only
-/// packs, communicates and unpacks: one pack and one unpack kernel per step.
+/// the way `redistribute` does, and a plan with an all-to-all agrees once more, in one
+/// fixed-size all-reduce, that no rank's send or receive totals pass INT_MAX: each rank knows
+/// only its own once the plan is built), it holds the steps, the pack and unpack index lists
+/// (already in `MemSpace`), the counts of every collective and the message buffers, so that `apply`
+/// only packs, communicates and unpacks: one pack and one unpack kernel per step.
 ///
 /// `apply(space, matrix, target)` moves `matrix` (the plan's source mesh, shape and layout) into
 /// `target` (the plan's target mesh, shape and layout): exactly what `redistribute_into` would

@@ -307,13 +307,13 @@ std::vector<index_t> agree_on_repair(const In& input, const Out* output, const R
   return kept;
 }
 
-// The mean of the healthy rows (`healthy_on_host`: one flag per local row, `count` of them over
+// The mean of the healthy rows (`healthy_on_host`: 1 per healthy local row, `count` of them over
 // the whole matrix): returns its full norm, and its local columns in `direction` (a new view).
 // A second pass over the input shard, on `space`, needed only by the mean_direction strategy.
 template <class ExecSpace, class In>
 double mean_healthy_direction(const ExecSpace& space, const In& input,
-                              const Kokkos::View<bool*, Kokkos::HostSpace>& healthy_on_host,
-                              double count, bool first_copy,
+                              const std::vector<std::uint8_t>& healthy_on_host, double count,
+                              bool first_copy,
                               Kokkos::View<double*, typename In::memory_space>& direction) {
   using MemSpace = typename In::memory_space;
   const auto local = input.local();
@@ -321,12 +321,11 @@ double mean_healthy_direction(const ExecSpace& space, const In& input,
   Kokkos::View<double*, MemSpace> column_sums(Kokkos::view_alloc(space, "kshard::column_sums"),
                                               cols);
   if (first_copy) {
-    // healthy_on_host outlives the fence of to_host below.
-    const auto healthy = copy_to_space<MemSpace>(space, healthy_on_host);
+    const auto healthy = vector_to_space<MemSpace>(space, healthy_on_host, "kshard::healthy");
     // Each work item sums a block of columns down the rows: contiguous reads along every row.
     add_column_sums<32>(
         space, "kshard::repair::mean_direction", local, column_sums,
-        KOKKOS_LAMBDA(const index_t i) { return healthy(i); });
+        KOKKOS_LAMBDA(const index_t i) { return healthy(i) != 0; });
   }
   // Every rank assembles all columns, then keeps its own.
   const auto host_sums =
@@ -402,17 +401,19 @@ struct RowTally {
 
 // What the detection found, for a repair or a dry run.
 struct Detection {
-  RepairReport report;  // output_name and target_norm set when rows were found
-  Kokkos::View<bool*, Kokkos::HostSpace> healthy;  // per local row: passes every test, not kept
-  double healthy_rows = 0;                         // over the whole matrix
-  bool output_is_input = false;                    // on some rank (tied weights)
+  RepairReport report;                // output_name and target_norm set when rows were found
+  std::vector<std::uint8_t> healthy;  // per local row: 1 when it passes every test, not kept
+  double healthy_rows = 0;            // over the whole matrix
+  bool output_is_input = false;       // on some rank (tied weights)
 };
 
 // The local rows as the detection sees them: their squared full-row norms on the host (the one
 // full pass over the input, on `space`), which are kept, and whether this rank holds the first
 // copy of its rows.
 struct LocalRows {
-  Kokkos::View<double*, Kokkos::HostSpace> squared_norms;
+  // Both kept: the tests compare norms, and the target norm sums the squares as computed
+  // (squaring a rounded square root again would not give them back).
+  std::vector<double> squared_norms;
   std::vector<double> norms;  // their square roots, taken once
   std::vector<bool> kept;
   bool first_copy = false;
@@ -425,23 +426,16 @@ template <class ExecSpace, class In>
 LocalRows local_rows(const ExecSpace& space, const In& input, const std::vector<index_t>& kept) {
   using L = typename In::layout_type;
   const auto norms = row_squared_norms(space, input);
-  LocalRows local;
   const auto host =
       to_host(space, norms, "kshard::detect_damaged_rows: the row norms, for the host");
-  if constexpr (std::is_assignable_v<Kokkos::View<double*, Kokkos::HostSpace>&, decltype(host)>) {
-    local.squared_norms = host;
-  } else {  // host-accessible memory of another space (CUDA UVM): one host copy
-    local.squared_norms = Kokkos::View<double*, Kokkos::HostSpace>(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::row_norms_on_host"),
-        host.extent(0));
-    for (std::size_t i = 0; i < host.extent(0); ++i) local.squared_norms(i) = host(i);
-  }
+  LocalRows local;
+  local.squared_norms.assign(host.data(), host.data() + host.extent(0));
   const auto& rows = input.mapping().rows;
   // Host work per row is a share of the bf16 pass's time: one square root, and no index
   // mapping unless rows are kept.
   local.norms.resize(host.extent(0));
   for (std::size_t i = 0; i < local.norms.size(); ++i)
-    local.norms[i] = std::sqrt(local.squared_norms(i));
+    local.norms[i] = std::sqrt(local.squared_norms[i]);
   local.kept.assign(host.extent(0), false);
   for (std::size_t i = 0; !kept.empty() && i < local.kept.size(); ++i)
     local.kept[i] =
@@ -470,18 +464,18 @@ double classify_rows(const LocalRows& local, const Map& rows, const RepairConfig
                      std::optional<double> median, Detection& found,
                      std::vector<std::int64_t>& local_damaged, RowTally& tally) {
   double smallest = std::numeric_limits<double>::infinity();
-  found.healthy = Kokkos::View<bool*, Kokkos::HostSpace>("kshard::healthy", local.size());
+  found.healthy.assign(local.size(), 0);
   for (std::size_t i = 0; i < local.size(); ++i) {
     if (local.kept[i]) continue;  // left alone: not damaged, not healthy (healthy(i) stays false)
     const double norm = local.norm(i);
     if (!std::isnan(norm)) smallest = std::min(smallest, norm);
     const bool absolute = is_damaged(norm, config.min_norm());
     const bool relative = !absolute && median && norm < *config.relative_threshold() * *median;
-    found.healthy(i) = !absolute && !relative;
+    found.healthy[i] = !absolute && !relative ? 1 : 0;
     if (!local.first_copy) continue;  // count every global row once
-    if (found.healthy(i)) {
+    if (found.healthy[i] != 0) {
       tally.healthy += 1;
-      tally.healthy_squares += local.squared_norms(i);
+      tally.healthy_squares += local.squared_norms[i];
     } else {
       tally.damaged += 1;
       tally.relative += relative ? 1 : 0;
@@ -696,6 +690,9 @@ void write_repaired_rows(const ExecSpace& space, const In& input, const HeldRows
 template <class ExecSpace, class In, class Out>
 std::optional<RepairReport> repair_rows(const ExecSpace& space, const In& input, const Out* output,
                                         const RepairConfig& config, const RepairNames& names) {
+  static_assert(ValuedMatrix<In> && ValuedMatrix<Out>,
+                "kshard::repair_embedding_rows: a Partial matrix has no values until it is "
+                "reduced; redistribute it to Replicate or Shard first");
   using L = typename In::layout_type;
   using MemSpace = typename In::memory_space;
   const Operation operation("repair_embedding_rows");
@@ -742,7 +739,7 @@ std::optional<RepairReport> repair_rows(const ExecSpace& space, const In& input,
 /// meshes of input and output that differ, tied storage, damaged output rows, no valid target
 /// norm) throw the same `kshard::error` on every rank and change nothing. Every kernel and copy
 /// runs on `space`, which is fenced before MPI reads what it wrote and before returning.
-template <class ExecSpace, ValuedMatrix In, ValuedMatrix Out>
+template <class ExecSpace, DistributedMatrix In, DistributedMatrix Out>
 requires detail::ExecutionSpaceFor<ExecSpace, In> && detail::ExecutionSpaceFor<ExecSpace, Out>
     std::optional<RepairReport> repair_embedding_rows(const ExecSpace& space, const In& input,
                                                       const Out& output,
@@ -753,7 +750,7 @@ requires detail::ExecutionSpaceFor<ExecSpace, In> && detail::ExecutionSpaceFor<E
 
 /// `repair_embedding_rows(space, input, output, config, names)` on a default instance of the
 /// input's execution space.
-template <ValuedMatrix In, ValuedMatrix Out>
+template <DistributedMatrix In, DistributedMatrix Out>
 std::optional<RepairReport> repair_embedding_rows(const In& input, const Out& output,
                                                   const RepairConfig& config = {},
                                                   const RepairNames& names = {}) {
@@ -762,7 +759,7 @@ std::optional<RepairReport> repair_embedding_rows(const In& input, const Out& ou
 
 /// Repairs `input` without an output embedding (tied or missing LM head), on `space`: `config`
 /// must use `RepairStrategy::mean_direction`.
-template <class ExecSpace, ValuedMatrix In>
+template <class ExecSpace, DistributedMatrix In>
 requires detail::ExecutionSpaceFor<ExecSpace, In> std::optional<RepairReport> repair_embedding_rows(
     const ExecSpace& space, const In& input, const RepairConfig& config,
     const RepairNames& names = {}) {
@@ -771,7 +768,7 @@ requires detail::ExecutionSpaceFor<ExecSpace, In> std::optional<RepairReport> re
 
 /// `repair_embedding_rows(space, input, config, names)` on a default instance of the input's
 /// execution space.
-template <ValuedMatrix In>
+template <DistributedMatrix In>
 std::optional<RepairReport> repair_embedding_rows(const In& input, const RepairConfig& config,
                                                   const RepairNames& names = {}) {
   return detail::repair_rows(typename In::execution_space{}, input, static_cast<const In*>(nullptr),
@@ -791,10 +788,13 @@ std::optional<RepairReport> repair_embedding_rows(const In& input, const RepairC
 /// norm and direction) is not checked. Cost: the repair's detection: one pass over the input
 /// shard, on `space`, 2 all-reduces (plus those of the norms when columns are split, and 8 for
 /// the relative test), and 2 more collectives when rows are found.
-template <class ExecSpace, ValuedMatrix In>
+template <class ExecSpace, DistributedMatrix In>
 requires detail::ExecutionSpaceFor<ExecSpace, In> std::optional<RepairReport> find_damaged_rows(
     const ExecSpace& space, const In& input, const RepairConfig& config = {},
     const RepairNames& names = {}) {
+  static_assert(ValuedMatrix<In>,
+                "kshard::find_damaged_rows: a Partial matrix has no values until it is reduced; "
+                "redistribute it to Replicate or Shard first");
   const detail::Operation operation("find_damaged_rows");
   const auto* none = static_cast<const In*>(nullptr);
   std::vector<index_t> kept = detail::agree_on_repair(input, none, config, names, true);
@@ -804,7 +804,7 @@ requires detail::ExecutionSpaceFor<ExecSpace, In> std::optional<RepairReport> fi
 
 /// `find_damaged_rows(space, input, config, names)` on a default instance of the input's
 /// execution space.
-template <ValuedMatrix In>
+template <DistributedMatrix In>
 std::optional<RepairReport> find_damaged_rows(const In& input, const RepairConfig& config = {},
                                               const RepairNames& names = {}) {
   return find_damaged_rows(typename In::execution_space{}, input, config, names);

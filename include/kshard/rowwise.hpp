@@ -60,9 +60,12 @@ void sum_over_column_shards(const ExecSpace& space, const M& matrix, const View&
 /// of the row (every replica and every column shard of it), false elsewhere and on empty
 /// shards. An out-of-range row throws the same `kshard::error` on every rank. Asynchronous
 /// on `space`, like any Kokkos kernel.
-template <class ExecSpace, ValuedMatrix M>
+template <class ExecSpace, DistributedMatrix M>
 requires detail::ExecutionSpaceFor<ExecSpace, M>
 bool zero_row(const ExecSpace& space, const M& matrix, index_t row) {
+  static_assert(ValuedMatrix<M>,
+                "kshard::zero_row: a Partial matrix has no values until it is reduced; "
+                "redistribute it to Replicate or Shard first");
   const index_t global = detail::wrap_row(row, matrix.rows(), "zero_row");
   const index_t local_row = matrix.mapping().rows.to_local(global);
   const index_t cols = matrix.mapping().cols.local_extent();
@@ -77,7 +80,7 @@ bool zero_row(const ExecSpace& space, const M& matrix, index_t row) {
 }
 
 /// `zero_row(space, matrix, row)` on a default instance of the matrix's execution space.
-template <ValuedMatrix M>
+template <DistributedMatrix M>
 bool zero_row(const M& matrix, index_t row) {
   return zero_row(typename M::execution_space{}, matrix, row);
 }
@@ -86,9 +89,12 @@ bool zero_row(const M& matrix, index_t row) {
 /// fp64, squared and summed in fp64 (no finite row of float or bf16 overflows), then summed
 /// over the mesh dimensions that split columns (only those). One pass over the local shard,
 /// on `space`. Collective over the mesh (every rank calls it).
-template <class ExecSpace, ValuedMatrix M>
+template <class ExecSpace, DistributedMatrix M>
 requires detail::ExecutionSpaceFor<ExecSpace, M> Kokkos::View<double*, typename M::memory_space>
 row_squared_norms(const ExecSpace& space, const M& matrix) {
+  static_assert(ValuedMatrix<M>,
+                "kshard::row_squared_norms: a Partial matrix has no values until it is reduced; "
+                "redistribute it to Replicate or Shard first");
   const detail::Operation operation("row_squared_norms");
   Kokkos::View<double*, typename M::memory_space> norms(
       Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kshard::row_squared_norms"),
@@ -99,7 +105,7 @@ row_squared_norms(const ExecSpace& space, const M& matrix) {
 }
 
 /// `row_squared_norms(space, matrix)` on a default instance of the matrix's execution space.
-template <ValuedMatrix M>
+template <DistributedMatrix M>
 Kokkos::View<double*, typename M::memory_space> row_squared_norms(const M& matrix) {
   return row_squared_norms(typename M::execution_space{}, matrix);
 }

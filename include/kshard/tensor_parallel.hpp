@@ -11,7 +11,13 @@
 /// - `tp_dim` is the index of the tensor-parallel mesh dimension (`mesh.dim("tp")`). Matrices
 ///   must be split over exactly that mesh dimension and replicated over every other one; what
 ///   the layout type decides is checked at compile time, the rest (which dimension, shapes,
-///   meshes) throws `kshard::error` naming the values.
+///   meshes) throws `kshard::error` naming the values. Every function that takes a matrix also
+///   has forms without `tp_dim`, which take it from the layout type (the one mesh dimension
+///   that splits the table's rows or the weight's features); an explicit `tp_dim` that is not
+///   that dimension is an error naming both.
+/// - A linear layer's bias (and bias gradient) is a rank-1 view of this rank's part, or the
+///   `out x 1` `DistMatrix` of `kshard::distribute_bias` (kshard/bias.hpp), split like the
+///   weight's rows: sharded for a column-parallel layer, replicated for a row-parallel one.
 /// - Replicated inputs (token ids, `x` of a column-parallel layer, output gradients of a
 ///   row-parallel layer or of a lookup) must hold the same values on every rank of the tp group.
 /// - Functions that communicate agree on their argument checks over the whole mesh first, so a

@@ -377,13 +377,21 @@ TEST(Overflow, SizesPastInt64AreRefusedBeforeAllocating) {
   const index_t two_31 = index_t{1} << 31;
   const std::vector<std::string> limit{"more than the limit of 9223372036854775807 bytes",
                                        "differs between ranks"};
-  expect_collective_refusal("2^32 x 2^32 float, rows sharded", limit, [&](bool here) {
-    Matrix<float, Layout<Shard<0>>> m(mesh, {}, here ? two_32 : 8, here ? two_32 : 3);
-  });
+  // With rows sharded over enough ranks each shard's bytes fit in int64: then the allocation
+  // is what fails (every rank the same way).
+  const std::vector<std::string> limit_or_memory{limit[0], limit[1], "failed"};
+  const auto sharded = [&](index_t rows, index_t cols) {
+    const index_t shard_rows = rows / size + (rows % size != 0 ? 1 : 0);
+    return shard_rows > int64_max / (cols * index_t{4}) ? limit : limit_or_memory;
+  };
+  expect_collective_refusal(
+      "2^32 x 2^32 float, rows sharded", sharded(two_32, two_32), [&](bool here) {
+        Matrix<float, Layout<Shard<0>>> m(mesh, {}, here ? two_32 : 8, here ? two_32 : 3);
+      });
   expect_collective_refusal("2^31 x 2^31 float, replicated", limit, [&](bool here) {
     Matrix<float, Layout<Replicate>> m(mesh, {}, here ? two_31 : 8, here ? two_31 : 3);
   });
-  expect_collective_refusal("INT64_MAX rows", limit, [&](bool here) {
+  expect_collective_refusal("INT64_MAX rows", sharded(int64_max, 1), [&](bool here) {
     Matrix<float, Layout<Shard<0>>> m(mesh, {}, here ? int64_max : 8, 1);
   });
   // Representable but far beyond memory: every rank refuses, none is left waiting.

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -36,11 +37,16 @@ using MemSpace = typename ExecSpace::memory_space;
 
 // An instance of ExecSpace other than the default where Kokkos can make one (a partition,
 // Kokkos 4 and later), else a separately constructed one: an operation given it must give the
-// default form's results either way.
+// default form's results either way. The partition is made once and released when Kokkos
+// finalizes (Kokkos 5 aborts when an instance outlives Kokkos::finalize).
 inline ExecSpace other_instance() {
 #if KOKKOS_VERSION >= 40000
-  static const ExecSpace instance = Kokkos::Experimental::partition_space(ExecSpace(), 1, 1)[1];
-  return instance;
+  static std::optional<ExecSpace> instance;
+  if (!instance) {
+    instance = Kokkos::Experimental::partition_space(ExecSpace(), 1, 1)[1];
+    Kokkos::push_finalize_hook([] { instance.reset(); });
+  }
+  return *instance;
 #else
   return ExecSpace();
 #endif

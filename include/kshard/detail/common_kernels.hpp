@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "kshard/bfloat16.hpp"
+#include "kshard/detail/host_copy.hpp"
 #include "kshard/detail/int_limit.hpp"
 #include "kshard/detail/kokkos_compat.hpp"
 #include "kshard/detail/row_norms.hpp"
@@ -81,41 +82,16 @@ std::array<Kokkos::View<T*, MemSpace>, 1 + sizeof...(More)> vectors_to_space(
   return views;
 }
 
-// A view of `MemSpace` with the contents of `view`: `view` itself when it already lives there,
-// else a copy queued on `space`, not waited for: `view` must outlive the work queued there.
-template <class MemSpace, class ExecSpace, class View>
-Kokkos::View<typename View::const_data_type, typename View::array_layout, MemSpace> copy_to_space(
-    const ExecSpace& space, const View& view) {
-  using Result =
-      Kokkos::View<typename View::const_data_type, typename View::array_layout, MemSpace>;
-  if constexpr (std::is_same_v<typename View::memory_space, MemSpace>) {
-    (void)space;
-    return view;
-  } else {
-    Kokkos::View<typename View::non_const_data_type, typename View::array_layout, MemSpace> copy(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, view.label()), view.layout());
-    Kokkos::deep_copy(space, copy, view);
-    return Result(copy);
-  }
-}
-
 // The contents of `view` readable on the host once the work `space` submitted (which wrote it)
-// is done: `view` itself when the host can read it, else a host copy made on `space`. `space`
+// is done: `view` itself when the host can read it, else a HostCopy made on `space`. `space`
 // is fenced either way (`why` labels the fence), so the host may read the result at once.
 // Unlike a mirror-and-deep_copy, takes views of const elements too.
 template <class ExecSpace, class View>
 auto to_host(const ExecSpace& space, const View& view, const char* why) {
-  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
-                                           typename View::memory_space>::accessible) {
-    fence(space, why);
-    return view;
-  } else {
-    Kokkos::View<typename View::non_const_data_type, typename View::array_layout, Kokkos::HostSpace>
-        host(Kokkos::view_alloc(Kokkos::WithoutInitializing, view.label()), view.layout());
-    Kokkos::deep_copy(space, host, view);
-    fence(space, why);
-    return host;
-  }
+  auto host = host_mirror(view);
+  if constexpr (!std::is_same_v<decltype(host), View>) Kokkos::deep_copy(space, host, view);
+  fence(space, why);
+  return host;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -60,7 +60,9 @@ inline const char* likely_mpi_cause(int error_class) {
 // likely cause.
 inline void check_mpi(int rc, const char* call) {
   if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
+  // One more zeroed byte: MPICH fills a long error stack up to MPI_MAX_ERROR_STRING without a
+  // terminator, then takes its strlen.
+  char text[MPI_MAX_ERROR_STRING + 1] = {};
   int length = 0;
   MPI_Error_string(rc, text, &length);
   int error_class = MPI_ERR_OTHER;

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "kshard/comm_stats.hpp"
+#include "kshard/detail/host_copy.hpp"
 #include "kshard/detail/kokkos_compat.hpp"
 #include "kshard/detail/mpi.hpp"
 
@@ -63,12 +64,7 @@ void with_mpi_access(const ExecSpace& space, const View& view, bool read, bool w
   }
   // A separate host buffer even for host memory, left uninitialised (it is copied into or
   // written by MPI before anything reads it).
-  using Value = typename View::non_const_value_type;
-  const Kokkos::View<Value*, Kokkos::HostSpace> buffer(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::staging"), view.span());
-  const Kokkos::View<typename View::non_const_data_type, typename View::array_layout,
-                     Kokkos::HostSpace, Kokkos::MemoryUnmanaged>
-      host(buffer.data(), view.layout());
+  const HostCopy<View> host(view);
   const auto bytes = static_cast<std::int64_t>(view.span() * sizeof(typename View::value_type));
   if (read) {
     Kokkos::deep_copy(space, host, view);

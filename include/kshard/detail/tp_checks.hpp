@@ -60,6 +60,32 @@ constexpr std::size_t splitting_dim() {
   return 0;
 }
 
+// Number of mesh dimensions of layout L that split tensor dimension D.
+template <class L, int D>
+constexpr int mesh_dims_splitting() {
+  int count = 0;
+  for (int d : L::tensor_dims) count += d == D ? 1 : 0;
+  return count;
+}
+
+// The tp_dim that layout L fixes for a call that splits tensor dimension D (the table's or the
+// column-parallel weight's rows: 0, the row-parallel weight's columns: 1): the one mesh
+// dimension that splits it. For the overloads without a `tp_dim` argument.
+template <class L, int D>
+constexpr std::size_t inferred_tp_dim() {
+  static_assert(mesh_dims_splitting<L, D>() > 0,
+                "kshard: tp_dim cannot be inferred: no mesh dimension of the layout shards the "
+                "tensor-parallel dimension (the table's rows, the column-parallel weight's rows, "
+                "the row-parallel weight's columns)");
+  static_assert(mesh_dims_splitting<L, D>() < 2,
+                "kshard: tp_dim cannot be inferred: more than one mesh dimension of the layout "
+                "shards the tensor-parallel dimension (the table's rows, the column-parallel "
+                "weight's rows, the row-parallel weight's columns)");
+  std::size_t m = 0;
+  while (m + 1 < L::rank && L::tensor_dims[m] != D) ++m;
+  return m;
+}
+
 // A new matrix view of the element type and memory space of `M`, as the layers return.
 template <class M>
 using tp_matrix_view_t =
@@ -87,6 +113,12 @@ std::optional<std::string> tp_dim_problem(const M& matrix, std::size_t tp_dim, i
       L::tensor_dims[split], split, mesh.names()[split]);
 }
 
+// Same shape and the same ranks: a gradient or a bias on the mesh of its weight.
+template <std::size_t N>
+bool same_mesh(const Mesh<N>& a, const Mesh<N>& b) {
+  return a.shape() == b.shape() && a.group().same_ranks_as(b.group());
+}
+
 // A weight gradient must be laid out like its weight: same global shape, layout and mesh.
 template <class P, class G>
 std::optional<std::string> placement_problem(const P& param, const G& grad, const char* who,
@@ -101,8 +133,7 @@ std::optional<std::string> placement_problem(const P& param, const G& grad, cons
   if (!(grad.layout() == param.layout()))
     return fmt::format("kshard::{}: {} has layout {} but the weight has {}", who, what,
                        grad.layout(), param.layout());
-  if (param.mesh().shape() != grad.mesh().shape() ||
-      !param.mesh().group().same_ranks_as(grad.mesh().group()))
+  if (!same_mesh(param.mesh(), grad.mesh()))
     return fmt::format("kshard::{}: {} is on {} but the weight is on {}, not the same mesh", who,
                        what, grad.mesh(), param.mesh());
   return std::nullopt;

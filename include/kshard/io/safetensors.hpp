@@ -52,6 +52,7 @@
 #include "kshard/bfloat16.hpp"
 #include "kshard/detail/agreement.hpp"
 #include "kshard/detail/common_kernels.hpp"
+#include "kshard/detail/host_copy.hpp"
 #include "kshard/detail/mpi.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/dist_matrix.hpp"
@@ -281,7 +282,7 @@ void read_shard(const ExecSpace& space, const SafetensorsFile& file, const Tenso
                 const M& matrix) {
   using L = typename M::layout_type;
   const auto& mesh = matrix.mesh();
-  auto host = Kokkos::create_mirror_view(matrix.local());
+  const auto host = kshard::detail::host_mirror(matrix.local());
   // The host may be the shard itself: work `space` queued on it must end before MPI writes it.
   kshard::detail::fence(space, "kshard::io: before reading into a shard");
   ShardTypes types;
