@@ -43,9 +43,7 @@ bool fits_in_bytes(index_t rows, index_t cols) {
   return !__builtin_mul_overflow(rows, cols, &elements) &&
          !__builtin_mul_overflow(elements, static_cast<index_t>(sizeof(T)), &bytes);
 }
-}  // namespace detail
 
-namespace detail {
 // True, or the compile error saying that layout L does not fit a mesh of rank M. Asserted first
 // where a mesh meets a layout, so that this message, not a failed conversion between mesh types,
 // is the first error.

@@ -38,6 +38,12 @@ namespace kshard {
 template <class T>
 using lookup_value_t = compute_type_t<T>;
 
+/// The view the returning lookup forms give: `N x H`, row-major, of `lookup_value_t` in the
+/// memory space of table type `M`.
+template <class M>
+using lookup_view_t = Kokkos::View<lookup_value_t<typename M::value_type>**, Kokkos::LayoutRight,
+                                   typename M::memory_space>;
+
 namespace detail {
 
 // The type rules of the lookup and its backward on ExecSpace: the table's layout and element
@@ -264,16 +270,12 @@ void vocab_parallel_lookup(const M& table, const IdView& ids, const OutView& out
 
 /// The same lookup into a new `N x H` LayoutRight view in the table's memory space, returned.
 template <class ExecSpace, ValuedMatrix M, class IdView>
-requires detail::ExecutionSpaceFor<ExecSpace, M> Kokkos::View <
-    lookup_value_t<typename M::value_type>
-**, Kokkos::LayoutRight,
-    typename M::memory_space > vocab_parallel_lookup(const ExecSpace& space, const M& table,
-                                                     const IdView& ids, std::size_t tp_dim,
-                                                     double scale = 1.0) {
-  Kokkos::View<lookup_value_t<typename M::value_type>**, Kokkos::LayoutRight,
-               typename M::memory_space>
-      out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::vocab_parallel_lookup"),
-          ids.extent(0), static_cast<std::size_t>(table.cols()));
+requires detail::ExecutionSpaceFor<ExecSpace, M> lookup_view_t<M> vocab_parallel_lookup(
+    const ExecSpace& space, const M& table, const IdView& ids, std::size_t tp_dim,
+    double scale = 1.0) {
+  lookup_view_t<M> out(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::vocab_parallel_lookup"),
+      ids.extent(0), static_cast<std::size_t>(table.cols()));
   vocab_parallel_lookup(space, table, ids, out, tp_dim, scale);
   return out;
 }
@@ -281,9 +283,8 @@ requires detail::ExecutionSpaceFor<ExecSpace, M> Kokkos::View <
 /// `vocab_parallel_lookup(space, table, ids, tp_dim, scale)` on a default instance of the
 /// table's execution space.
 template <ValuedMatrix M, class IdView>
-Kokkos::View<lookup_value_t<typename M::value_type>**, Kokkos::LayoutRight,
-             typename M::memory_space>
-vocab_parallel_lookup(const M& table, const IdView& ids, std::size_t tp_dim, double scale = 1.0) {
+lookup_view_t<M> vocab_parallel_lookup(const M& table, const IdView& ids, std::size_t tp_dim,
+                                       double scale = 1.0) {
   return vocab_parallel_lookup(typename M::execution_space{}, table, ids, tp_dim, scale);
 }
 
@@ -392,11 +393,8 @@ void vocab_parallel_lookup(const M& table, const IdView& ids, const OutView& out
 /// `vocab_parallel_lookup(space, table, ids, tp_dim, scale)` with `tp_dim` the mesh dimension
 /// that splits the table's rows: the lookup into a new view.
 template <class ExecSpace, ValuedMatrix M, class IdView, std::floating_point Scale = double>
-requires detail::ExecutionSpaceFor<ExecSpace, M> Kokkos::View <
-    lookup_value_t<typename M::value_type>
-**, Kokkos::LayoutRight,
-    typename M::memory_space > vocab_parallel_lookup(const ExecSpace& space, const M& table,
-                                                     const IdView& ids, Scale scale = 1.0) {
+requires detail::ExecutionSpaceFor<ExecSpace, M> lookup_view_t<M> vocab_parallel_lookup(
+    const ExecSpace& space, const M& table, const IdView& ids, Scale scale = 1.0) {
   return vocab_parallel_lookup(space, table, ids,
                                detail::inferred_tp_dim<typename M::layout_type, 0>(),
                                static_cast<double>(scale));
@@ -405,9 +403,7 @@ requires detail::ExecutionSpaceFor<ExecSpace, M> Kokkos::View <
 /// `vocab_parallel_lookup(space, table, ids, scale)` on a default instance of the table's
 /// execution space.
 template <ValuedMatrix M, class IdView, std::floating_point Scale = double>
-Kokkos::View<lookup_value_t<typename M::value_type>**, Kokkos::LayoutRight,
-             typename M::memory_space>
-vocab_parallel_lookup(const M& table, const IdView& ids, Scale scale = 1.0) {
+lookup_view_t<M> vocab_parallel_lookup(const M& table, const IdView& ids, Scale scale = 1.0) {
   return vocab_parallel_lookup(typename M::execution_space{}, table, ids, scale);
 }
 

@@ -500,143 +500,86 @@ detail::tp_matrix_view_t<W> column_parallel_linear_backward(const W& weight, con
 // ---------------------------------------------------------------------------------------------
 // The same layers with tp_dim inferred: the one mesh dimension that splits the weight's input
 // features (row-parallel) or output features (column-parallel). A layout where no mesh
-// dimension, or more than one, splits them does not compile.
+// dimension, or more than one, splits them does not compile. The bias (gradient) may be left
+// out: `kshard::no_bias`.
 
 /// `row_parallel_linear(space, weight, x_local, bias, tp_dim)` with `tp_dim` the mesh dimension
 /// that splits the weight's columns.
-template <class ExecSpace, ValuedMatrix W, class X, detail::BiasArgument B>
+template <class ExecSpace, ValuedMatrix W, class X, detail::BiasArgument B = no_bias_t>
 requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W> row_parallel_linear(
-    const ExecSpace& space, const W& weight, const X& x_local, const B& bias) {
+    const ExecSpace& space, const W& weight, const X& x_local, const B& bias = no_bias) {
   return detail::row_forward(space, weight, x_local, bias,
                              detail::inferred_tp_dim<typename W::layout_type, 1>());
 }
 
-/// `row_parallel_linear(space, weight, x_local, kshard::no_bias)`, `tp_dim` inferred.
-template <class ExecSpace, ValuedMatrix W, class X>
-requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W> row_parallel_linear(
-    const ExecSpace& space, const W& weight, const X& x_local) {
-  return row_parallel_linear(space, weight, x_local, no_bias);
-}
-
 /// `row_parallel_linear(space, weight, x_local, bias)`, `tp_dim` inferred, on a default instance
 /// of the weight's execution space.
-template <ValuedMatrix W, class X, detail::BiasArgument B>
-detail::tp_matrix_view_t<W> row_parallel_linear(const W& weight, const X& x_local, const B& bias) {
+template <ValuedMatrix W, class X, detail::BiasArgument B = no_bias_t>
+detail::tp_matrix_view_t<W> row_parallel_linear(const W& weight, const X& x_local,
+                                                const B& bias = no_bias) {
   return row_parallel_linear(typename W::execution_space{}, weight, x_local, bias);
-}
-
-/// Row-parallel linear layer forward without a bias, `tp_dim` inferred.
-template <ValuedMatrix W, class X>
-detail::tp_matrix_view_t<W> row_parallel_linear(const W& weight, const X& x_local) {
-  return row_parallel_linear(typename W::execution_space{}, weight, x_local, no_bias);
 }
 
 /// `row_parallel_linear_backward(space, weight, x_local, grad_y, grad_weight, grad_bias,
 /// tp_dim)` with `tp_dim` the mesh dimension that splits the weight's columns.
 template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY,
-          detail::BiasArgument GB>
+          detail::BiasArgument GB = no_bias_t>
 requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W>
 row_parallel_linear_backward(const ExecSpace& space, const W& weight, const X& x_local,
-                             const GY& grad_y, const G& grad_weight, const GB& grad_bias) {
+                             const GY& grad_y, const G& grad_weight,
+                             const GB& grad_bias = no_bias) {
   return detail::row_backward(space, weight, x_local, grad_y, grad_weight, grad_bias,
                               detail::inferred_tp_dim<typename W::layout_type, 1>());
 }
 
-/// Row-parallel linear layer backward without a bias, `tp_dim` inferred.
-template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY>
-requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W>
-row_parallel_linear_backward(const ExecSpace& space, const W& weight, const X& x_local,
-                             const GY& grad_y, const G& grad_weight) {
-  return row_parallel_linear_backward(space, weight, x_local, grad_y, grad_weight, no_bias);
-}
-
 /// `row_parallel_linear_backward(space, ...)`, `tp_dim` inferred, on a default instance of the
 /// weight's execution space.
-template <ValuedMatrix W, ValuedMatrix G, class X, class GY, detail::BiasArgument GB>
+template <ValuedMatrix W, ValuedMatrix G, class X, class GY, detail::BiasArgument GB = no_bias_t>
 detail::tp_matrix_view_t<W> row_parallel_linear_backward(const W& weight, const X& x_local,
                                                          const GY& grad_y, const G& grad_weight,
-                                                         const GB& grad_bias) {
+                                                         const GB& grad_bias = no_bias) {
   return row_parallel_linear_backward(typename W::execution_space{}, weight, x_local, grad_y,
                                       grad_weight, grad_bias);
 }
 
-/// Row-parallel linear layer backward without a bias, `tp_dim` inferred, on a default instance.
-template <ValuedMatrix W, ValuedMatrix G, class X, class GY>
-detail::tp_matrix_view_t<W> row_parallel_linear_backward(const W& weight, const X& x_local,
-                                                         const GY& grad_y, const G& grad_weight) {
-  return row_parallel_linear_backward(typename W::execution_space{}, weight, x_local, grad_y,
-                                      grad_weight, no_bias);
-}
-
 /// `column_parallel_linear(space, weight, x, bias_local, tp_dim)` with `tp_dim` the mesh
 /// dimension that splits the weight's rows.
-template <class ExecSpace, ValuedMatrix W, class X, detail::BiasArgument B>
+template <class ExecSpace, ValuedMatrix W, class X, detail::BiasArgument B = no_bias_t>
 requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W> column_parallel_linear(
-    const ExecSpace& space, const W& weight, const X& x, const B& bias_local) {
+    const ExecSpace& space, const W& weight, const X& x, const B& bias_local = no_bias) {
   return detail::column_forward(space, weight, x, bias_local,
                                 detail::inferred_tp_dim<typename W::layout_type, 0>());
 }
 
-/// `column_parallel_linear(space, weight, x, kshard::no_bias)`, `tp_dim` inferred.
-template <class ExecSpace, ValuedMatrix W, class X>
-requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W> column_parallel_linear(
-    const ExecSpace& space, const W& weight, const X& x) {
-  return column_parallel_linear(space, weight, x, no_bias);
-}
-
 /// `column_parallel_linear(space, weight, x, bias_local)`, `tp_dim` inferred, on a default
 /// instance of the weight's execution space.
-template <ValuedMatrix W, class X, detail::BiasArgument B>
+template <ValuedMatrix W, class X, detail::BiasArgument B = no_bias_t>
 detail::tp_matrix_view_t<W> column_parallel_linear(const W& weight, const X& x,
-                                                   const B& bias_local) {
+                                                   const B& bias_local = no_bias) {
   return column_parallel_linear(typename W::execution_space{}, weight, x, bias_local);
-}
-
-/// Column-parallel linear layer forward without a bias, `tp_dim` inferred.
-template <ValuedMatrix W, class X>
-detail::tp_matrix_view_t<W> column_parallel_linear(const W& weight, const X& x) {
-  return column_parallel_linear(typename W::execution_space{}, weight, x, no_bias);
 }
 
 /// `column_parallel_linear_backward(space, weight, x, grad_y_local, grad_weight,
 /// grad_bias_local, tp_dim)` with `tp_dim` the mesh dimension that splits the weight's rows.
 template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY,
-          detail::BiasArgument GB>
+          detail::BiasArgument GB = no_bias_t>
 requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W>
 column_parallel_linear_backward(const ExecSpace& space, const W& weight, const X& x,
                                 const GY& grad_y_local, const G& grad_weight,
-                                const GB& grad_bias_local) {
+                                const GB& grad_bias_local = no_bias) {
   return detail::column_backward(space, weight, x, grad_y_local, grad_weight, grad_bias_local,
                                  detail::inferred_tp_dim<typename W::layout_type, 0>());
 }
 
-/// Column-parallel linear layer backward without a bias, `tp_dim` inferred.
-template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY>
-requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W>
-column_parallel_linear_backward(const ExecSpace& space, const W& weight, const X& x,
-                                const GY& grad_y_local, const G& grad_weight) {
-  return column_parallel_linear_backward(space, weight, x, grad_y_local, grad_weight, no_bias);
-}
-
 /// `column_parallel_linear_backward(space, ...)`, `tp_dim` inferred, on a default instance of
 /// the weight's execution space.
-template <ValuedMatrix W, ValuedMatrix G, class X, class GY, detail::BiasArgument GB>
+template <ValuedMatrix W, ValuedMatrix G, class X, class GY, detail::BiasArgument GB = no_bias_t>
 detail::tp_matrix_view_t<W> column_parallel_linear_backward(const W& weight, const X& x,
                                                             const GY& grad_y_local,
                                                             const G& grad_weight,
-                                                            const GB& grad_bias_local) {
+                                                            const GB& grad_bias_local = no_bias) {
   return column_parallel_linear_backward(typename W::execution_space{}, weight, x, grad_y_local,
                                          grad_weight, grad_bias_local);
-}
-
-/// Column-parallel linear layer backward without a bias, `tp_dim` inferred, on a default
-/// instance.
-template <ValuedMatrix W, ValuedMatrix G, class X, class GY>
-detail::tp_matrix_view_t<W> column_parallel_linear_backward(const W& weight, const X& x,
-                                                            const GY& grad_y_local,
-                                                            const G& grad_weight) {
-  return column_parallel_linear_backward(typename W::execution_space{}, weight, x, grad_y_local,
-                                         grad_weight, no_bias);
 }
 
 }  // namespace kshard

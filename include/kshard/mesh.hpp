@@ -128,12 +128,12 @@ class Mesh {
   /// is `mesh.sub("dp", "tp")`): the ranks that share this rank's coordinates along every
   /// other dimension, with the extents, names and per-dimension communicators of the chosen
   /// dimensions. It is a mesh like any other (distribute, redistribute, lookups).
-  /// Cost: one dimension is local and free (the sub-mesh shares this mesh's communicator for
-  /// it); several are collective over this mesh: one agreement (an all-reduce) and one
-  /// `MPI_Comm_split` for the sub-mesh's own communicator, so build such sub-meshes once.
-  /// An unknown name, an index >= N or a dimension given twice throws `kshard::error`, the
-  /// same on every rank that passes the same `dims`; with several dimensions, ranks that pass
-  /// different ones throw the same error too.
+  /// Cost: one fixed-size agreement over this mesh (an all-reduce), so that a bad or
+  /// rank-dependent choice is the same error everywhere; one dimension then shares this mesh's
+  /// communicator for it, several split one new communicator (`MPI_Comm_split`, collective).
+  /// Build sub-meshes once, outside loops. An unknown name, an index >= N, a dimension given
+  /// twice and ranks that choose different dimensions throw the same `kshard::error` on every
+  /// rank.
   template <class... Dims>
   requires(sizeof...(Dims) >= 1 && (detail::MeshDimension<Dims> && ...))
       [[nodiscard]] Mesh<sizeof...(Dims)> sub(const Dims&... dims) const {
@@ -142,15 +142,13 @@ class Mesh {
     std::optional<std::string> problem;
     const std::array<std::size_t, K> chosen{resolve(dims, problem)...};
     if (!problem) problem = repetition(chosen);
-    if constexpr (K == 1) {
-      if (problem) throw error(*problem);
+    agree_on_sub(chosen, std::move(problem));
+    if constexpr (K == 1)
       return Mesh<1>(*this, chosen, dim_group(chosen[0]));
-    } else {
-      agree_on_sub(chosen, std::move(problem));
+    else
       return Mesh<K>(*this, chosen,
                      split({chosen.begin(), chosen.end()},
                            fmt::format("sub-mesh ({})", fmt::join(names_of(chosen), ", "))));
-    }
   }
 
   /// Coordinates of `rank` (row-major).

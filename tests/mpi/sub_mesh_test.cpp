@@ -170,6 +170,11 @@ TEST(MeshSub, BadDimensionsAreTheSameErrorOnEveryRank) {
         (void)mesh.sub("tp", "dp");
     });
     EXPECT_NE(message.find("the sub-mesh dimensions"), std::string::npos) << message;
+    // One dimension too: the ranks that chose right must not go on alone.
+    message = collective_error([&] { (void)mesh.sub(world_rank() == 0 ? "dp" : "tp"); });
+    EXPECT_NE(message.find("the sub-mesh dimensions"), std::string::npos) << message;
+    message = collective_error([&] { (void)mesh.sub(world_rank() == 0 ? "pp" : "tp"); });
+    EXPECT_NE(message.find("no dimension named 'pp'"), std::string::npos) << message;
   }
 }
 
