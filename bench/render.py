@@ -166,8 +166,11 @@ def target_rows(records):
         for r in pick(records, "rowwise", "row_squared_norms_vs_memory", type=t):
             add(f"row norms ({t}): bytes/s over a STREAM-like read of the same bytes", r,
                 r["fraction_of_memory"], 0.85, True)
-    for r in pick(records, "rowwise", "bf16_vs_fp32_norms_bandwidth"):
-        add("row norms: bf16 bytes/s over fp32 bytes/s", r, r["ratio"], 0.85, True)
+    names = {"row_squared_norms": "row norms", "detect_no_damage": "detection, nothing damaged",
+             "repair_256_rows": "repair of 256 rows"}
+    for operation, name in names.items():
+        for r in pick(records, "rowwise", "bf16_vs_fp32_roofline", operation=operation):
+            add(f"{name}: bf16 bytes/s over fp32's roofline bytes/s", r, r["ratio"], 0.85, True)
     for t in ("float", "bf16"):
         for r in pick(records, "rowwise", "detect_no_damage", type=t):
             add(f"detection, nothing damaged ({t}) / one norms pass", r, r["ratio"], 1.10, False)

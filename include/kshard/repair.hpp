@@ -407,80 +407,117 @@ struct Detection {
   bool output_is_input = false;       // on some rank (tied weights)
 };
 
+// The largest fp64 `s` with sqrt(s) <= bound (square roots rounded as std::sqrt rounds them):
+// `s <= it` decides `sqrt(s) <= bound` exactly, so the detection compares each squared norm
+// with it and takes no square root per row (a twentieth of a bf16 norms pass otherwise).
+// Finite `bound` >= 0 only.
+inline double largest_square_with_root_at_most(double bound) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  double s = bound * bound;
+  if (std::isinf(s)) s = std::numeric_limits<double>::max();
+  while (s > 0 && std::sqrt(s) > bound) s = std::nextafter(s, 0.0);
+  while (s < std::numeric_limits<double>::max() && std::sqrt(std::nextafter(s, inf)) <= bound)
+    s = std::nextafter(s, inf);
+  return s;
+}
+
+// The tests of the detection on squared norms (each decides exactly what its test on the
+// norm, the rounded square root, decides): damaged when not finite or norm <= min_norm
+// (`is_damaged`), and, when the relative test is on, when norm < ratio x median.
+struct SquaredNormTests {
+  double absolute_limit = 0;             // norm <= min_norm  <=>  square <= absolute_limit
+  std::optional<double> relative_limit;  // norm < bound  <=>  square <= relative_limit
+
+  explicit SquaredNormTests(double min_norm)
+      : absolute_limit(largest_square_with_root_at_most(min_norm)) {}
+
+  // norm < ratio x median is norm <= the double just below that bound.
+  void set_relative(double ratio, double median) {
+    const double bound = ratio * median;
+    relative_limit = bound > 0 ? largest_square_with_root_at_most(std::nextafter(bound, 0.0))
+                               : -1.0;  // no norm is below 0
+  }
+  [[nodiscard]] bool absolute(double square) const {
+    return !std::isfinite(square) || square <= absolute_limit;
+  }
+  [[nodiscard]] bool relative(double square) const {
+    return relative_limit && square <= *relative_limit;
+  }
+};
+
 // The local rows as the detection sees them: their squared full-row norms on the host (the one
-// full pass over the input, on `space`), which are kept, and whether this rank holds the first
-// copy of its rows.
+// full pass over the input, on `space`; no copy on a host backend), which rows are kept, and
+// whether this rank holds the first copy of its rows.
+template <class HostNorms>
 struct LocalRows {
-  // Both kept: the tests compare norms, and the target norm sums the squares as computed
-  // (squaring a rounded square root again would not give them back).
-  std::vector<double> squared_norms;
-  std::vector<double> norms;  // their square roots, taken once
-  std::vector<bool> kept;
+  HostNorms squared_norms;
+  std::vector<bool> kept;  // per local row; empty when no row is kept
   bool first_copy = false;
 
-  [[nodiscard]] std::size_t size() const { return kept.size(); }
-  [[nodiscard]] double norm(std::size_t i) const { return norms[i]; }
+  [[nodiscard]] std::size_t size() const { return squared_norms.extent(0); }
+  [[nodiscard]] double square(std::size_t i) const { return squared_norms(i); }
+  [[nodiscard]] bool is_kept(std::size_t i) const { return !kept.empty() && kept[i]; }
 };
 
 template <class ExecSpace, class In>
-LocalRows local_rows(const ExecSpace& space, const In& input, const std::vector<index_t>& kept) {
+auto local_rows(const ExecSpace& space, const In& input, const std::vector<index_t>& kept) {
   using L = typename In::layout_type;
-  const auto norms = row_squared_norms(space, input);
-  const auto host =
-      to_host(space, norms, "kshard::detect_damaged_rows: the row norms, for the host");
-  LocalRows local;
-  local.squared_norms.assign(host.data(), host.data() + host.extent(0));
+  auto host = to_host(space, row_squared_norms(space, input),
+                      "kshard::detect_damaged_rows: the row norms, for the host");
+  LocalRows<decltype(host)> local{
+      std::move(host), {}, L::is_first_copy(input.mesh().coords(), {0})};
   const auto& rows = input.mapping().rows;
-  // Host work per row is a share of the bf16 pass's time: one square root, and no index
-  // mapping unless rows are kept.
-  local.norms.resize(host.extent(0));
-  for (std::size_t i = 0; i < local.norms.size(); ++i)
-    local.norms[i] = std::sqrt(local.squared_norms[i]);
-  local.kept.assign(host.extent(0), false);
-  for (std::size_t i = 0; !kept.empty() && i < local.kept.size(); ++i)
-    local.kept[i] =
-        std::binary_search(kept.begin(), kept.end(), rows.to_global(static_cast<index_t>(i)));
-  local.first_copy = L::is_first_copy(input.mesh().coords(), {0});
+  if (!kept.empty()) {
+    local.kept.assign(local.size(), false);
+    for (std::size_t i = 0; i < local.size(); ++i)
+      local.kept[i] =
+          std::binary_search(kept.begin(), kept.end(), rows.to_global(static_cast<index_t>(i)));
+  }
   return local;
 }
 
 // The relative test's median: of the healthy rows by the absolute test (finite, > min_norm,
 // not kept), each global row once (on its first copy); nullopt when the test is off or no row
-// is healthy.
-inline std::optional<double> healthy_median(const LocalRows& local, const RepairConfig& config,
-                                            const comm::Group& group) {
+// is healthy. The median of their squares, then its square root: the same value, the root
+// being monotonic.
+template <class HostNorms>
+std::optional<double> healthy_median(const LocalRows<HostNorms>& local, const RepairConfig& config,
+                                     const SquaredNormTests& tests, const comm::Group& group) {
   if (!config.relative_threshold()) return std::nullopt;
-  std::vector<double> healthy_norms;
+  std::vector<double> healthy_squares;
   for (std::size_t i = 0; local.first_copy && i < local.size(); ++i)
-    if (!local.kept[i] && !is_damaged(local.norm(i), config.min_norm()))
-      healthy_norms.push_back(local.norm(i));
-  return distributed_median(healthy_norms, group);
+    if (!local.is_kept(i) && !tests.absolute(local.square(i)))
+      healthy_squares.push_back(local.square(i));
+  const std::optional<double> median = distributed_median(healthy_squares, group);
+  if (!median) return std::nullopt;
+  return std::sqrt(*median);
 }
 
 // The local rows sorted into healthy (flags in `found.healthy`) and damaged (as pairs (id, bits
-// of the norm), for one gather), counted in `tally`; returns the smallest norm (NaN ignored).
-template <class Map>
-double classify_rows(const LocalRows& local, const Map& rows, const RepairConfig& config,
-                     std::optional<double> median, Detection& found,
+// of the norm), for one gather), counted in `tally`; returns the smallest squared norm (NaN
+// ignored).
+template <class HostNorms, class Map>
+double classify_rows(const LocalRows<HostNorms>& local, const Map& rows,
+                     const SquaredNormTests& tests, Detection& found,
                      std::vector<std::int64_t>& local_damaged, RowTally& tally) {
   double smallest = std::numeric_limits<double>::infinity();
   found.healthy.assign(local.size(), 0);
   for (std::size_t i = 0; i < local.size(); ++i) {
-    if (local.kept[i]) continue;  // left alone: not damaged, not healthy (healthy(i) stays false)
-    const double norm = local.norm(i);
-    if (!std::isnan(norm)) smallest = std::min(smallest, norm);
-    const bool absolute = is_damaged(norm, config.min_norm());
-    const bool relative = !absolute && median && norm < *config.relative_threshold() * *median;
+    if (local.is_kept(i)) continue;  // left alone: not damaged, not healthy
+    const double square = local.square(i);
+    if (!std::isnan(square)) smallest = std::min(smallest, square);
+    const bool absolute = tests.absolute(square);
+    const bool relative = !absolute && tests.relative(square);
     found.healthy[i] = !absolute && !relative ? 1 : 0;
     if (!local.first_copy) continue;  // count every global row once
     if (found.healthy[i] != 0) {
       tally.healthy += 1;
-      tally.healthy_squares += local.squared_norms[i];
+      tally.healthy_squares += square;
     } else {
       tally.damaged += 1;
       tally.relative += relative ? 1 : 0;
       local_damaged.push_back(rows.to_global(static_cast<index_t>(i)));
-      local_damaged.push_back(std::bit_cast<std::int64_t>(norm));
+      local_damaged.push_back(std::bit_cast<std::int64_t>(std::sqrt(square)));
     }
   }
   return smallest;
@@ -520,26 +557,28 @@ Detection detect_damaged_rows(const ExecSpace& space, const In& input, const Out
                               const RepairConfig& config, const RepairNames& names,
                               std::vector<index_t> kept) {
   const comm::Group& group = input.mesh().group();
-  const LocalRows local = local_rows(space, input, kept);
-  const std::optional<double> median = healthy_median(local, config, group);
+  const auto local = local_rows(space, input, kept);
+  SquaredNormTests tests(config.min_norm());
+  const std::optional<double> median = healthy_median(local, config, tests, group);
+  if (median) tests.set_relative(*config.relative_threshold(), *median);
 
   Detection found;
   RowTally tally;
   std::vector<std::int64_t> local_damaged;
-  double smallest =
-      classify_rows(local, input.mapping().rows, config, median, found, local_damaged, tally);
+  double smallest_square =
+      classify_rows(local, input.mapping().rows, tests, found, local_damaged, tally);
   const auto* input_data = static_cast<const void*>(input.local().data());
   if (output != nullptr && input.local().size() > 0 &&
       input_data == static_cast<const void*>(output->local().data()))
     tally.tied = 1;
   tally.sum_over(group);
-  group.allreduce(&smallest, 1, ReduceOp::min);
+  group.allreduce(&smallest_square, 1, ReduceOp::min);
   found.healthy_rows = tally.healthy;
   found.output_is_input = tally.tied > 0;
 
   RepairReport& report = found.report;
   report.input_name = names.input;
-  report.min_norm_before = smallest;
+  report.min_norm_before = std::sqrt(smallest_square);
   report.kept_row_ids = std::move(kept);
   report.median_norm = median;
   const auto damaged = static_cast<index_t>(tally.damaged);

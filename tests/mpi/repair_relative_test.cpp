@@ -246,6 +246,88 @@ TEST(RepairRelative, FindsSmallRowsWithZeroRowsOnEveryLayout) {
   check_layout(grid, Layout(Replicate{}, Shard<0>{}));
 }
 
+// The limit the detection compares squared norms with is, for every bound, the largest double
+// whose rounded square root is at most the bound: bounds over the whole fp64 range (subnormals,
+// 0, the largest double) and around perfect squares.
+TEST(RepairRelative, SquareLimitsAreTheLargestSquaresWithRootsAtMost) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> bounds = {0.0,
+                                std::numeric_limits<double>::denorm_min(),
+                                std::numeric_limits<double>::min(),
+                                std::numeric_limits<double>::max(),
+                                1e154,
+                                1.4e154,
+                                1.0,
+                                5.0};
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> mantissa(1.0, 2.0);
+  std::uniform_int_distribution<int> exponent(-1074, 1023);
+  for (int k = 0; k < 20000; ++k) bounds.push_back(std::ldexp(mantissa(rng), exponent(rng)));
+  for (int k = 1; k < 200; ++k) {
+    bounds.push_back(std::nextafter(static_cast<double>(k), 0.0));
+    bounds.push_back(std::nextafter(static_cast<double>(k), inf));
+  }
+  std::size_t wrong = 0;
+  for (const double bound : bounds) {
+    if (!std::isfinite(bound)) continue;  // ldexp past the range
+    const double s = kshard::detail::largest_square_with_root_at_most(bound);
+    const double next = std::nextafter(s, inf);
+    if (!(std::sqrt(s) <= bound) || (std::isfinite(next) && std::sqrt(next) <= bound)) ++wrong;
+  }
+  EXPECT_EQ(wrong, 0U);
+}
+
+// Norms within a few ulps of both limits, in fp64 (whose squares round, so the norm is the
+// rounded root of a rounded sum of squares): the detection compares squared norms with
+// precomputed limits, and must decide exactly what `norm <= min_norm` and `norm < ratio x
+// median` decide on the norms themselves (the serial transcription). Row i holds one value x,
+// or two or three values whose norm is about x; most rows have norm 1, so the median is 1 and
+// the relative bound is the ratio. At these limits comparing squares with the rounded square of
+// the limit would misjudge some rows. Whole rows on every rank (the columns of a row summed in
+// another order would round differently from the transcription).
+TEST(RepairRelative, NormsAtTheLimitsDecideAsTheNormsDo) {
+  kshard::Mesh<1> line(MPI_COMM_WORLD, {world_size()});
+  constexpr double min_norm = 0.215;
+  constexpr double ratio = 0.35;
+  std::vector<std::vector<double>> values;
+  for (const double limit : {min_norm, ratio})
+    for (int k = -40; k <= 40; ++k) {
+      const double x = limit * (1 + k * std::ldexp(1.0, -52));
+      values.push_back({x});
+      values.push_back({0.6 * x, 0.8 * x});
+      values.push_back({2 * x / 3, 2 * x / 3, x / 3});
+    }
+  const auto limits = values.size();
+  for (std::size_t k = 0; k < 2 * limits; ++k) values.push_back({1.0});  // the median
+  const auto rows = static_cast<index_t>(values.size());
+  constexpr index_t cols = 3;
+  kshard::HostMatrix<double> full("limits", static_cast<std::size_t>(rows),
+                                  static_cast<std::size_t>(cols));
+  for (std::size_t i = 0; i < values.size(); ++i)
+    for (std::size_t j = 0; j < values[i].size(); ++j) full(i, j) = values[i][j];
+  const auto config = RepairConfig(true, min_norm, rows).relative_threshold(ratio);
+  const Expected e = serial_detection(full, config);
+  // The data straddle both limits: some rows on each side of each (the first half of the
+  // rows lies near min_norm, the second near ratio x median).
+  ASSERT_TRUE(e.median == 1.0);
+  const auto half = static_cast<index_t>(limits / 2);
+  const auto absolute = static_cast<index_t>(e.ids.size() - e.relative.size());
+  const auto relative_near_bound = std::count_if(
+      e.relative.begin(), e.relative.end(), [&](index_t i) { return i >= half && i < 2 * half; });
+  ASSERT_GT(absolute, 0);
+  ASSERT_LT(absolute, half);
+  ASSERT_GT(relative_near_bound, 0);
+  ASSERT_LT(relative_near_bound, half);
+  const kshard::HostMatrix<const double> input(full);
+  const auto by_rows = kshard::distribute<ExecSpace, MemSpace>(line, Layout(Shard<0>{}), input);
+  const auto everywhere = kshard::distribute<ExecSpace, MemSpace>(line, Layout(Replicate{}), input);
+  for (const auto& found : {kshard::find_damaged_rows(by_rows, config),
+                            kshard::find_damaged_rows(everywhere, config)}) {
+    ASSERT_TRUE(found.has_value());
+    expect_detection(*found, e);
+  }
+}
+
 TEST(RepairRelative, OffByDefault) {
   kshard::Mesh<1> line(MPI_COMM_WORLD, {world_size()});
   const Roles r = roles(23);

@@ -49,12 +49,22 @@ inline constexpr bool is_host_space_v =
 // squared in double, as `squared` does (a bf16 square has at most 16 significant bits and lies
 // between 2^-266 and 2^256, so it is exact in double; in float it would overflow above 2^64
 // and lose bits below 2^-63, which is why the square is not taken in float). The sum runs over
-// 32 fp64 accumulators, element j of the row going to accumulator j % 32, summed at the end in
-// one fixed order: every path below (AVX-512, AVX2, portable) computes the same additions in
-// the same order, so they give bit-identical norms. Eight fp32-style accumulators were
-// conversion-bound at 0.38x of the fp32 kernel's bytes per second: a bf16 element is half the
-// bytes, so twice the elements per second must be widened, squared and added.
+// 32 fp64 accumulators (`bf16_lane` says which one takes each element of a block of 32),
+// summed at the end in one fixed order: every path below (AVX-512, AVX2, portable) computes the
+// same additions in the same order, so they give bit-identical norms. Eight fp32-style
+// accumulators were conversion-bound at 0.38x of the fp32 kernel's bytes per second: a bf16
+// element is half the bytes, so twice the elements per second must be widened, squared and
+// added.
 inline constexpr int bf16_lanes = 32;
+
+// The accumulator of element k of a block of 32: within each half of 16, the even elements go
+// to its first eight accumulators and the odd ones to the next eight. That is the order in
+// which the x86 forms widen them: the even elements of a 32-bit word by a shift, the odd ones
+// by clearing its low half, with no shuffle (the shuffles capped the kernel at 0.75 of the
+// memory's speed on one core).
+KOKKOS_INLINE_FUNCTION constexpr int bf16_lane(int k) {
+  return (k & 16) | ((k & 1) << 3) | ((k >> 1) & 7);
+}
 
 // The fixed final order: halves, then quarters, ..., then the remainder-free total.
 KOKKOS_INLINE_FUNCTION double sum_bf16_lanes(double (&a)[bf16_lanes]) {
@@ -63,24 +73,35 @@ KOKKOS_INLINE_FUNCTION double sum_bf16_lanes(double (&a)[bf16_lanes]) {
   return a[0];
 }
 
-// The portable form of the bf16 row kernel (device passes, non-x86 hosts, x86 without AVX2).
+// The elements after the last whole block (fewer than bf16_lanes), into their lanes.
+template <class T>
+KOKKOS_INLINE_FUNCTION void add_bf16_rest(double (&a)[bf16_lanes], const T* rest, int count) {
+  for (int k = 0; k < count; ++k) a[bf16_lane(k)] += squared(rest[k]);
+}
+
+// The portable form of the bf16 row kernel (non-x86 hosts, x86 without AVX2, device passes).
 template <class T>
 KOKKOS_INLINE_FUNCTION double bf16_row_squared_norm_portable(const T* row, index_t cols) {
   double a[bf16_lanes] = {};
   index_t j = 0;
   for (; j + bf16_lanes <= cols; j += bf16_lanes)
-    for (int k = 0; k < bf16_lanes; ++k) a[k] += squared(row[j + k]);
-  const auto rest = static_cast<int>(cols - j);  // fewer than bf16_lanes
-  for (int k = 0; k < rest; ++k) a[k] += squared(row[j + k]);
+    for (int k = 0; k < bf16_lanes; ++k) a[bf16_lane(k)] += squared(row[j + k]);
+  add_bf16_rest(a, row + j, static_cast<int>(cols - j));
   return sum_bf16_lanes(a);
 }
 
 #if KSHARD_ROW_NORMS_X86_AVX2
-// Eight bf16 elements at `p` (unaligned) widened to eight floats: the 16 bits each into the top
-// half of a 32-bit lane (vpmovzxwd, vpslld), which is the float they denote, exactly.
-inline __m256 bf16x8_to_float(const void* p) {
-  const __m128i raw = _mm_loadu_si128(static_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+// Sixteen bf16 elements at `p` (unaligned) as floats, exactly: the even elements (the low
+// halves of the 32-bit words, shifted up) and the odd ones (the high halves, the low halves
+// cleared), eight each.
+struct Bf16x16 {
+  __m256 even, odd;
+};
+inline Bf16x16 bf16x16_to_float(const void* p) {
+  const __m256i raw = _mm256_loadu_si256(static_cast<const __m256i*>(p));
+  const __m256i high_halves = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(raw, 16)),
+          _mm256_castsi256_ps(_mm256_and_si256(raw, high_halves))};
 }
 
 // acc + v * v: the product of two bf16-valued doubles is exact, so a fused multiply-add and a
@@ -113,10 +134,12 @@ inline double bf16_row_squared_norm_x86(const T* row, index_t cols) {
 #if defined(__AVX512F__)
   __m512d c0 = _mm512_setzero_pd(), c1 = c0, c2 = c0, c3 = c0;
   for (; j + bf16_lanes <= cols; j += bf16_lanes) {
-    c0 = add_square(c0, to_double(bf16x8_to_float(row + j)));
-    c1 = add_square(c1, to_double(bf16x8_to_float(row + j + 8)));
-    c2 = add_square(c2, to_double(bf16x8_to_float(row + j + 16)));
-    c3 = add_square(c3, to_double(bf16x8_to_float(row + j + 24)));
+    const Bf16x16 low = bf16x16_to_float(row + j);
+    const Bf16x16 high = bf16x16_to_float(row + j + 16);
+    c0 = add_square(c0, to_double(low.even));
+    c1 = add_square(c1, to_double(low.odd));
+    c2 = add_square(c2, to_double(high.even));
+    c3 = add_square(c3, to_double(high.odd));
   }
   _mm512_store_pd(a, c0);
   _mm512_store_pd(a + 8, c1);
@@ -125,18 +148,16 @@ inline double bf16_row_squared_norm_x86(const T* row, index_t cols) {
 #else
   __m256d c0 = _mm256_setzero_pd(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
   for (; j + bf16_lanes <= cols; j += bf16_lanes) {
-    const __m256 f0 = bf16x8_to_float(row + j);
-    const __m256 f1 = bf16x8_to_float(row + j + 8);
-    const __m256 f2 = bf16x8_to_float(row + j + 16);
-    const __m256 f3 = bf16x8_to_float(row + j + 24);
-    c0 = add_square(c0, _mm256_cvtps_pd(_mm256_castps256_ps128(f0)));
-    c1 = add_square(c1, _mm256_cvtps_pd(_mm256_extractf128_ps(f0, 1)));
-    c2 = add_square(c2, _mm256_cvtps_pd(_mm256_castps256_ps128(f1)));
-    c3 = add_square(c3, _mm256_cvtps_pd(_mm256_extractf128_ps(f1, 1)));
-    c4 = add_square(c4, _mm256_cvtps_pd(_mm256_castps256_ps128(f2)));
-    c5 = add_square(c5, _mm256_cvtps_pd(_mm256_extractf128_ps(f2, 1)));
-    c6 = add_square(c6, _mm256_cvtps_pd(_mm256_castps256_ps128(f3)));
-    c7 = add_square(c7, _mm256_cvtps_pd(_mm256_extractf128_ps(f3, 1)));
+    const Bf16x16 low = bf16x16_to_float(row + j);
+    const Bf16x16 high = bf16x16_to_float(row + j + 16);
+    c0 = add_square(c0, _mm256_cvtps_pd(_mm256_castps256_ps128(low.even)));
+    c1 = add_square(c1, _mm256_cvtps_pd(_mm256_extractf128_ps(low.even, 1)));
+    c2 = add_square(c2, _mm256_cvtps_pd(_mm256_castps256_ps128(low.odd)));
+    c3 = add_square(c3, _mm256_cvtps_pd(_mm256_extractf128_ps(low.odd, 1)));
+    c4 = add_square(c4, _mm256_cvtps_pd(_mm256_castps256_ps128(high.even)));
+    c5 = add_square(c5, _mm256_cvtps_pd(_mm256_extractf128_ps(high.even, 1)));
+    c6 = add_square(c6, _mm256_cvtps_pd(_mm256_castps256_ps128(high.odd)));
+    c7 = add_square(c7, _mm256_cvtps_pd(_mm256_extractf128_ps(high.odd, 1)));
   }
   _mm256_store_pd(a, c0);
   _mm256_store_pd(a + 4, c1);
@@ -147,8 +168,7 @@ inline double bf16_row_squared_norm_x86(const T* row, index_t cols) {
   _mm256_store_pd(a + 24, c6);
   _mm256_store_pd(a + 28, c7);
 #endif
-  const auto rest = static_cast<int>(cols - j);  // fewer than bf16_lanes
-  for (int k = 0; k < rest; ++k) a[k] += squared(row[j + k]);
+  add_bf16_rest(a, row + j, static_cast<int>(cols - j));
   return sum_bf16_lanes(a);
 }
 #endif
