@@ -26,15 +26,35 @@ and which of the two runs first alternates too (the first of a pair ran 1-2% slo
 operation compared with itself); the ratio is the median of the per-repetition ratios.
 
 - **Row norms, detection, repair.** One pass over the local shard at the roofline's speed
-  (0.98-1.04 of it, fp32 and bf16, Serial and OpenMP), with every element widened to fp64
-  before it is squared (a finite fp32 row never overflows); detection that finds nothing costs
-  1.01-1.03 norms passes and a repair of 256 rows 1.02-1.11. The Python algorithm written
-  plainly (three norms passes, one of them over the output) costs about 4 norms passes.
-  bf16's "roofline" kernel converts as it reads, so matching it hid that bf16 norms read
-  only 0.38x the bytes per second of fp32 (8.5 against 22.7 GB/s, one core). The bf16 host
-  kernel now widens eight elements per instruction (AVX-512; AVX2 and portable forms give
-  the same bits) into 32 fp64 accumulators, and its targets are against the memory: bytes
-  per second over a STREAM-like read of the same bytes, and over fp32's norms.
+  (0.98-1.02 of it in fp32, Serial and OpenMP), with every element widened to fp64 before it
+  is squared (a finite fp32 row never overflows); detection that finds nothing costs 1.01-1.08
+  norms passes and a repair of 256 rows 1.03-1.12. The Python algorithm written plainly (three
+  norms passes, one of them over the output) costs about 4 norms passes. bf16 is measured
+  against the memory, not against its own conversion-bound "roofline" kernel (which it beats
+  1.7-2.2x): its norms read 1.05-1.09x the bytes per second of a STREAM-like read of the same
+  bytes, and 0.92-1.05x fp32's roofline read (one core: 23.0 GB/s against 23.8); detection
+  0.85-0.98x and a repair 0.85-0.95x of fp32's roofline (the OpenMP repair, 0.847, misses by a
+  hair; the 2-rank rows, 1.4-1.5, compare with an fp32 read that ran at 30 GB/s where the fp32
+  norms ran at 47: a neighbour's load). It took two
+  changes: the bf16 kernel widens sixteen elements per 256-bit load, even ones by a shift and
+  odd ones by a mask, eight per instruction to fp64 (the shuffling form read at 0.75 of the
+  memory's speed, 0.38 before that), and the detection decides on squared norms against
+  exact limits instead of taking a square root and copying two vectors per row (1.17 norms
+  passes before).
+- **Plans** (`plan_redistribute` once, `plan.apply` per step) against the bare collective(s)
+  plus the packing the bare version does, in plain loops: 0.97-1.03x at 65536 x 1024 with
+  Serial (0.72-0.78x with OpenMP, whose two threads pack; 1.1x for Shard<0> -> Replicate on one
+  rank, a single 256 MiB copy). At 64 x 64 the FSDP unshard and Shard<0> -> Replicate run at
+  1.02-1.06x at 2 and 4 ranks (1.06, a miss by a hair, at 2); Shard<0> -> Shard<1> does not
+  (1.17x at 2 ranks, 1.10x at 4), nor does anything on one rank (1.39-1.59x, where the bare
+  version is a 0.3 us copy): a fixed 0.15-0.3 us per apply. Timed inside the 2-rank apply (in
+  cycles, against the same steps of the bare version): the MPI call is the same, and the rest
+  costs 1,000-1,200 cycles against 370-470: the pack and the copy of the kept block run per run
+  of contiguous elements (32 runs of 32 floats each, about 350 cycles each against 130-190 for
+  the bare loops over rows), and the argument checks, the fences and the collective's wrapper
+  add about 250. Copying on the calling thread instead of a Kokkos launch saved nothing
+  measurable, so it is not in. Planning once saves 1.7-4.8x at 64 x 64 (`redistribute_into`
+  plans on every call).
 - **Scaling of detection** with ranks follows the memory system: two ranks read the fp32 table
   1.35x as fast as one with the roofline kernel itself (this 2-core VM's memory bandwidth does
   not double), and detection speeds up 1.42x; bf16, which converts while it reads, scales
@@ -44,40 +64,39 @@ operation compared with itself); the ratio is the median of the per-repetition r
 - **zero_row** sends nothing and costs 0.65x (fp32) to 0.13x (bf16) of `Kokkos::deep_copy` of
   the same slice (kshard's fill is one kernel over the held columns; deep_copy of a custom bf16
   type takes a slower path); the gather-zero-scatter alternative is 10^6-10^7 times slower.
-- **Vocabulary-parallel lookup** (N = 4096 ids): 0.99-1.10x a hand-written row copy plus one
+- **Vocabulary-parallel lookup** (N = 4096 ids): 1.02-1.08x a hand-written row copy plus one
   `MPI_Allreduce`, into a reused buffer; the form that returns a new view pays the page faults
   of the new N x H output too (`ratio_fresh`). One Kokkos team per id maps the id once and
   copies its row along the contiguous columns (before: one `to_local` per element, 7x).
 - **redistribute Shard<0> -> Replicate**, `redistribute_into` a matrix allocated once, against
-  `MPI_Allgatherv` into a buffer allocated once: 0.93-1.04x. The all-gather receives straight
+  `MPI_Allgatherv` into a buffer allocated once: 0.62-1.03x. The all-gather receives straight
   into the result (the blocks are whole rows of it) and the result is allocated without a
   fill; `redistribute`, which returns a new matrix, matches an `MPI_Allgatherv` into a fresh
   buffer (`ratio_fresh`). Below 1 on one rank and with OpenMP: kshard's local copy is a Kokkos
   kernel, Open MPI's self-copy a plain memcpy.
-- **Local GEMM** (`-march=native`, AVX-512): 0.86-0.96x of OpenBLAS `sgemm` on one core, on
+- **Local GEMM** (`-march=native`, AVX-512): 0.86-0.95x of OpenBLAS `sgemm` on one core, on
   every shape of the linear layers (the weight gradient `tn` too): GotoBLAS-style blocking
   with packed micro-panels and an 8 x 32 register tile. Without `-march=native`
   (`gemm_generic`, SSE2 without FMA, against OpenBLAS's run-time AVX-512 kernels) the same
-  code reaches 0.24-0.38x: half the vector width and no fused multiply-add; build HPC codes
+  code reaches 0.33-0.36x: half the vector width and no fused multiply-add; build HPC codes
   for their machine. With OpenMP (2 threads) the product runs 1.3-1.9x one OpenBLAS thread.
   Since the kokkos-kernels path, that kernel is the fallback (builds without kokkos-kernels,
   e.g. the OpenMP configuration, and views no BLAS takes); with kokkos-kernels (the Serial
   configuration: Debian's Trilinos 13.2, whose BLAS TPL is on for float and double,
   LayoutRight and LayoutLeft, HostSpace) the layers' products go through `KokkosBlas::gemm` to
-  the host BLAS, i.e. OpenBLAS: `gemm_kokkos_kernels_*` rows, 0.98-1.08x of `cblas_sgemm`
-  called directly (1 rank, native; kshard's own kernel 0.72-1.01x in the same run, a loaded
-  machine). Trilinos 13.2's `KokkosBlas::gemm` takes no execution-space instance (3.6+ does):
-  kshard fences the instance before the BLAS call.
+  the host BLAS, i.e. OpenBLAS: `gemm_kokkos_kernels_*` rows, 0.99-1.00x of `cblas_sgemm`
+  called directly (1 rank, native). Trilinos 13.2's `KokkosBlas::gemm` takes no
+  execution-space instance (3.6+ does): kshard fences the instance before the BLAS call.
 - **Checkpoint reads** (`io::read_into`, the 30522 x 384 F32 embedding of all-MiniLM-L6-v2's
   size, page-cached) against a `pread` loop over exactly the bytes each rank holds, into memory
-  both already hold: rows (the vocabulary-parallel layout) at 0.86-0.94x at 1 and 2 ranks.
-  Columns at 2 ranks miss (0.65x with Open MPI's OMPIO, 0.74x through ROMIO): each rank reads a
+  both already hold: rows (the vocabulary-parallel layout) at 0.90-0.92x at 1 and 2 ranks.
+  Columns at 2 ranks miss (0.68x with Open MPI's OMPIO, 0.74x through ROMIO): each rank reads a
   768-byte piece of every row, and both MPI-IO libraries serve that slower than 30k preads.
   Reading whole-row blocks and redistributing them was tried: 1.08x the pread loop through
   ROMIO but 0.45x through OMPIO, so it is not in. An in-place repair of 256 rows writes exactly
   those rows plus the undo file.
 - **Collective watchdog** (`KSHARD_COLLECTIVE_TIMEOUT`): the lookup and `Shard<0> ->
-  Replicate` run 0.98-1.02x as fast with it on as off, at 1-4 ranks: a thread watches the
+  Replicate` run 0.97-1.03x as fast with it on as off, at 1-4 ranks: a thread watches the
   blocking collectives, which stay as they are. Starting each collective non-blocking and
   polling `MPI_Test` (the first design) cost 1.2-1.34x on the lookup at 2 ranks.
 - **Peak memory**: the rowwise run peaks at 2.0 tables per rank (input and output), at every
@@ -188,6 +207,16 @@ def target_rows(records):
             add(f"vocab-parallel lookup ({t}) / (Allreduce + row copy)", r, r["ratio"], 1.25, False)
     for r in pick(records, "redistribute", "shard0_to_replicate"):
         add("redistribute Shard<0> -> Replicate / MPI_Allgatherv", r, r["ratio"], 1.10, False)
+    # Plans made once and applied, against the bare collective(s) plus the packing they need.
+    for r in sorted((x for x in records if x["bench"] == "redistribute"
+                     and x["case"].startswith("plan_")), key=lambda x: (x["case"], order(x))):
+        transition = r["case"][len("plan_"):].rsplit("_", 1)[0]
+        add(f"plan.apply {transition}, {r['rows']} x {r['cols']} / bare MPI + packing", r,
+            r["ratio"], 1.05, False)
+        if "ratio_into_vs_apply" in r:
+            rows.append((f"redistribute_into / plan.apply {transition}, {r['rows']} x {r['cols']} "
+                         "(what planning once saves)", config_name(r),
+                         fmt(r["ratio_into_vs_apply"], 3), "n/a", "n/a"))
     for bench, what in (("tp", "vocab-parallel lookup"), ("redistribute", "Shard<0> -> Replicate")):
         for r in pick(records, bench, "watchdog"):
             add(f"{what} ({r['type']}) with the collective watchdog on / off", r, r["ratio"], 1.03,

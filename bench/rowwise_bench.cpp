@@ -1,8 +1,9 @@
 // Rowwise algorithms against the memory roofline and against the naive alternatives, all
-// measured in the same run: full-row norms (also against a STREAM-like read of the same bytes,
-// and bf16 against fp32 in bytes per second), detection, repair of 256 rows (and the
-// three-pass Python algorithm written plainly), zero_row (and gather-zero-scatter), scaling
-// with V. Times are barrier to barrier over all ranks; gbps_all_ranks is total bytes over it.
+// measured in the same run: full-row norms (also against a STREAM-like read of the same bytes),
+// detection, repair of 256 rows (and the three-pass Python algorithm written plainly), each in
+// bf16 also against fp32's roofline read in bytes per second, zero_row (and
+// gather-zero-scatter), scaling with V. Times are barrier to barrier over all ranks; gbps_all_ranks
+// is total bytes over it.
 
 #include <kshard/kshard.hpp>
 
