@@ -1,9 +1,8 @@
 // The x86 forms of the bf16 row-norm kernel (detail/row_norms.hpp) against its portable form,
-// bit for bit: this file is built once for AVX2 with FMA and once for AVX-512 (the library's
-// own tests are built for the baseline ISA, where only the portable form exists), and each
-// build runs where the CPU has its instructions. Every bf16 bit pattern in every position of
-// rows of every length up to three blocks of 32 lanes, then random rows mixing ordinary values
-// with subnormals, the largest finite values, zeros, infinities and NaNs.
+// bit for bit, each where this CPU runs it: every bf16 bit pattern in every position of rows
+// of every length up to three blocks of 32 lanes, then random rows mixing ordinary values with
+// subnormals, the largest finite values, zeros, infinities and NaNs. And the form the row
+// norms use is the fastest the CPU runs.
 
 #include <gtest/gtest.h>
 
@@ -21,14 +20,12 @@ namespace {
 using kshard::bf16;
 using kshard::index_t;
 
-static_assert(KSHARD_ROW_NORMS_X86_AVX2, "built for AVX2 or AVX-512: the x86 form must exist");
+using kshard::detail::Bf16Kernel;
 
-bool cpu_runs_this_build() {
-#if defined(__AVX512F__)
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2");
-#else
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#endif
+// The x86 forms this build has (none in a CUDA/HIP/SYCL compilation or off x86).
+std::vector<Bf16Kernel> x86_kernels() {
+  if (!KSHARD_ROW_NORMS_X86) return {};
+  return {Bf16Kernel::avx2, Bf16Kernel::avx512};
 }
 
 // Bit for bit, NaNs included (any NaN matches any NaN: both forms square the same NaN).
@@ -37,14 +34,14 @@ bool same(double a, double b) {
          (std::isnan(a) && std::isnan(b));
 }
 
-// The rows where the x86 form differs from the portable one.
-index_t differing_rows(const std::vector<std::uint16_t>& bits, index_t cols) {
+// The rows where `kernel` differs from the portable form.
+index_t differing_rows(Bf16Kernel kernel, const std::vector<std::uint16_t>& bits, index_t cols) {
   const auto* data = reinterpret_cast<const bf16*>(bits.data());
   const auto rows = cols == 0 ? 0 : static_cast<index_t>(bits.size()) / cols;
   index_t wrong = 0;
   for (index_t r = 0; r < rows; ++r) {
     const bf16* row = data + r * cols;
-    wrong += same(kshard::detail::bf16_row_squared_norm_x86(row, cols),
+    wrong += same(kshard::detail::bf16_row_squared_norm(kernel, row, cols),
                   kshard::detail::bf16_row_squared_norm_portable(row, cols))
                  ? 0
                  : 1;
@@ -53,18 +50,23 @@ index_t differing_rows(const std::vector<std::uint16_t>& bits, index_t cols) {
 }
 
 TEST(Bf16RowNormsIsa, EveryBitPatternInEveryLane) {
-  if (!cpu_runs_this_build()) GTEST_SKIP() << "this CPU lacks the instructions of this build";
-  for (index_t cols = 1; cols <= 3 * kshard::detail::bf16_lanes; ++cols) {
-    // Pattern p at position p % cols of its row, in a field of 1.0 (0x3f80).
-    std::vector<std::uint16_t> bits(static_cast<std::size_t>(65536 * cols), 0x3f80);
-    for (index_t p = 0; p < 65536; ++p)
-      bits[static_cast<std::size_t>(p * cols + p % cols)] = static_cast<std::uint16_t>(p);
-    EXPECT_EQ(differing_rows(bits, cols), 0) << cols << " columns";
+  int ran = 0;
+  for (const Bf16Kernel kernel : x86_kernels()) {
+    if (!kshard::detail::bf16_kernel_runs(kernel)) continue;
+    ++ran;
+    for (index_t cols = 1; cols <= 3 * kshard::detail::bf16_lanes; ++cols) {
+      // Pattern p at position p % cols of its row, in a field of 1.0 (0x3f80).
+      std::vector<std::uint16_t> bits(static_cast<std::size_t>(65536 * cols), 0x3f80);
+      for (index_t p = 0; p < 65536; ++p)
+        bits[static_cast<std::size_t>(p * cols + p % cols)] = static_cast<std::uint16_t>(p);
+      EXPECT_EQ(differing_rows(kernel, bits, cols), 0)
+          << "form " << static_cast<int>(kernel) << ", " << cols << " columns";
+    }
   }
+  if (ran == 0) GTEST_SKIP() << "no x86 form of the kernel in this build or on this CPU";
 }
 
 TEST(Bf16RowNormsIsa, MixedRows) {
-  if (!cpu_runs_this_build()) GTEST_SKIP() << "this CPU lacks the instructions of this build";
   const std::uint16_t specials[] = {0x0001, 0x8005, 0x007f, 0x0080, 0x7f7f, 0xff7f,
                                     0x7f00, 0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc0};
   std::mt19937 rng(13);
@@ -77,7 +79,24 @@ TEST(Bf16RowNormsIsa, MixedRows) {
       if (rng() % 2 == 1) b ^= 0x8000;
       bits[k] = b;
     }
-    EXPECT_EQ(differing_rows(bits, cols), 0) << cols << " columns";
+    for (const Bf16Kernel kernel : x86_kernels()) {
+      if (!kshard::detail::bf16_kernel_runs(kernel)) continue;
+      EXPECT_EQ(differing_rows(kernel, bits, cols), 0)
+          << "form " << static_cast<int>(kernel) << ", " << cols << " columns";
+    }
+  }
+}
+
+// The row norms take the fastest form the CPU runs: AVX-512 over AVX2 over the portable loop.
+TEST(Bf16RowNormsIsa, FastestFormThisCpuRuns) {
+  using kshard::detail::bf16_kernel_runs;
+  const Bf16Kernel want = bf16_kernel_runs(Bf16Kernel::avx512) ? Bf16Kernel::avx512
+                          : bf16_kernel_runs(Bf16Kernel::avx2) ? Bf16Kernel::avx2
+                                                               : Bf16Kernel::portable;
+  EXPECT_EQ(kshard::detail::fastest_bf16_kernel(), want);
+  EXPECT_TRUE(bf16_kernel_runs(Bf16Kernel::portable));
+  if (!KSHARD_ROW_NORMS_X86) {
+    EXPECT_EQ(want, Bf16Kernel::portable);
   }
 }
 

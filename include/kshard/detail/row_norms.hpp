@@ -11,14 +11,17 @@
 #include "kshard/detail/int_limit.hpp"
 #include "kshard/index.hpp"
 
-// The bf16 host kernel uses x86 vector intrinsics where the compiler targets them (host code
-// only: never in a CUDA/HIP/SYCL compilation, where the portable loop below is used instead).
-#if (defined(__x86_64__) || defined(_M_X64)) && defined(__AVX2__) && !defined(__CUDACC__) && \
-    !defined(__HIPCC__) && !defined(__SYCL_DEVICE_ONLY__)
+// The bf16 host kernel has x86 forms for AVX2 and AVX-512, compiled into every x86 host build
+// with GCC or Clang (function target attributes: no -m flag needed) and chosen at run time by
+// what the CPU has; never in a CUDA/HIP/SYCL compilation, which uses the portable loop below.
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(__CUDACC__) && !defined(__HIPCC__) && !defined(__SYCL_DEVICE_ONLY__)
 #include <immintrin.h>
-#define KSHARD_ROW_NORMS_X86_AVX2 1
+#define KSHARD_ROW_NORMS_X86 1
+#define KSHARD_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define KSHARD_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma")))
 #else
-#define KSHARD_ROW_NORMS_X86_AVX2 0
+#define KSHARD_ROW_NORMS_X86 0
 #endif
 
 namespace kshard::detail {
@@ -84,54 +87,56 @@ template <class T>
 KOKKOS_INLINE_FUNCTION double bf16_row_squared_norm_portable(const T* row, index_t cols) {
   double a[bf16_lanes] = {};
   index_t j = 0;
+  // The lanes of bf16_lane spelled out, so that the compiler vectorises the even and the odd
+  // elements (a loop through bf16_lane itself ran 4x slower).
   for (; j + bf16_lanes <= cols; j += bf16_lanes)
-    for (int k = 0; k < bf16_lanes; ++k) a[bf16_lane(k)] += squared(row[j + k]);
+    for (int half = 0; half < bf16_lanes; half += 16)
+      for (int k = 0; k < 8; ++k) {
+        a[half + k] += squared(row[j + half + 2 * k]);
+        a[half + 8 + k] += squared(row[j + half + 2 * k + 1]);
+      }
   add_bf16_rest(a, row + j, static_cast<int>(cols - j));
   return sum_bf16_lanes(a);
 }
 
-#if KSHARD_ROW_NORMS_X86_AVX2
+// The forms of the bf16 row kernel: the portable loop, and on x86 hosts the AVX2 and AVX-512
+// ones, all giving the same bits.
+enum class Bf16Kernel { portable, avx2, avx512 };
+
+#if KSHARD_ROW_NORMS_X86
 // Sixteen bf16 elements at `p` (unaligned) as floats, exactly: the even elements (the low
 // halves of the 32-bit words, shifted up) and the odd ones (the high halves, the low halves
 // cleared), eight each.
 struct Bf16x16 {
   __m256 even, odd;
 };
-inline Bf16x16 bf16x16_to_float(const void* p) {
+KSHARD_TARGET_AVX2 inline Bf16x16 bf16x16_to_float(const void* p) {
   const __m256i raw = _mm256_loadu_si256(static_cast<const __m256i*>(p));
   const __m256i high_halves = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   return {_mm256_castsi256_ps(_mm256_slli_epi32(raw, 16)),
           _mm256_castsi256_ps(_mm256_and_si256(raw, high_halves))};
 }
 
-// acc + v * v: the product of two bf16-valued doubles is exact, so a fused multiply-add and a
-// multiply then add round once, identically (and every path gives the same bits).
-inline __m256d add_square(__m256d acc, __m256d v) {
-#if defined(__FMA__)
+// acc + v * v: the product of two bf16-valued doubles is exact, so the fused multiply-add
+// rounds once, as the portable form's add of the exact square does (the same bits).
+KSHARD_TARGET_AVX2 inline __m256d add_square(__m256d acc, __m256d v) {
   return _mm256_fmadd_pd(v, v, acc);
-#else
-  return _mm256_add_pd(acc, _mm256_mul_pd(v, v));
-#endif
 }
-
-#if defined(__AVX512F__)
-inline __m512d add_square(__m512d acc, __m512d v) { return _mm512_fmadd_pd(v, v, acc); }
+KSHARD_TARGET_AVX512 inline __m512d add_square(__m512d acc, __m512d v) {
+  return _mm512_fmadd_pd(v, v, acc);
+}
 // float -> double, all eight lanes (the masked form: GCC 12's unmasked intrinsic warns about
 // its own undefined pass-through operand under -Werror=maybe-uninitialized).
-inline __m512d to_double(__m256 f) { return _mm512_maskz_cvtps_pd(0xff, f); }
-#endif
+KSHARD_TARGET_AVX512 inline __m512d to_double(__m256 f) { return _mm512_maskz_cvtps_pd(0xff, f); }
 
-// The x86 form: the 32 lanes in four zmm accumulators of eight (AVX-512) or eight ymm ones of
-// four (AVX2), stored to the same 32 lanes before the same final sum. Named, not an array: GCC
-// at -O2 keeps an array of vectors in memory, and the store-to-load latency of each chain then
-// halves the speed. AVX-512 converts eight floats to double per instruction: with AVX2 the
-// conversions (one per four elements) cap a core at about 0.7 of memory bandwidth here.
+// The 32 lanes in four zmm accumulators of eight, stored to the same 32 lanes before the same
+// final sum. Named, not an array: GCC at -O2 keeps an array of vectors in memory, and the
+// store-to-load latency of each chain then halves the speed.
 template <class T>
-inline double bf16_row_squared_norm_x86(const T* row, index_t cols) {
+KSHARD_TARGET_AVX512 double bf16_row_squared_norm_avx512(const T* row, index_t cols) {
   static_assert(sizeof(T) == 2, "bf16 storage is two bytes");
   alignas(64) double a[bf16_lanes];
   index_t j = 0;
-#if defined(__AVX512F__)
   __m512d c0 = _mm512_setzero_pd(), c1 = c0, c2 = c0, c3 = c0;
   for (; j + bf16_lanes <= cols; j += bf16_lanes) {
     const Bf16x16 low = bf16x16_to_float(row + j);
@@ -145,7 +150,17 @@ inline double bf16_row_squared_norm_x86(const T* row, index_t cols) {
   _mm512_store_pd(a + 8, c1);
   _mm512_store_pd(a + 16, c2);
   _mm512_store_pd(a + 24, c3);
-#else
+  add_bf16_rest(a, row + j, static_cast<int>(cols - j));
+  return sum_bf16_lanes(a);
+}
+
+// The same lanes in eight ymm accumulators of four. AVX2 converts four floats to double per
+// instruction: the conversions cap a core at about 0.7 of memory bandwidth here.
+template <class T>
+KSHARD_TARGET_AVX2 double bf16_row_squared_norm_avx2(const T* row, index_t cols) {
+  static_assert(sizeof(T) == 2, "bf16 storage is two bytes");
+  alignas(32) double a[bf16_lanes];
+  index_t j = 0;
   __m256d c0 = _mm256_setzero_pd(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
   for (; j + bf16_lanes <= cols; j += bf16_lanes) {
     const Bf16x16 low = bf16x16_to_float(row + j);
@@ -167,21 +182,47 @@ inline double bf16_row_squared_norm_x86(const T* row, index_t cols) {
   _mm256_store_pd(a + 20, c5);
   _mm256_store_pd(a + 24, c6);
   _mm256_store_pd(a + 28, c7);
-#endif
   add_bf16_rest(a, row + j, static_cast<int>(cols - j));
   return sum_bf16_lanes(a);
 }
 #endif
 
-// One bf16 row on a host execution space: the x86 form where it is compiled for the host, the
-// portable one otherwise (and in any device pass of a KOKKOS_LAMBDA, which never runs it).
-template <class T>
-KOKKOS_INLINE_FUNCTION double bf16_row_squared_norm_host(const T* row, index_t cols) {
-#if KSHARD_ROW_NORMS_X86_AVX2 && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
-  return bf16_row_squared_norm_x86(row, cols);
-#else
-  return bf16_row_squared_norm_portable(row, cols);
+// Whether this build has `kernel` and this CPU runs it (and its operating system saves the
+// registers it uses, which __builtin_cpu_supports checks too).
+inline bool bf16_kernel_runs(Bf16Kernel kernel) {
+#if KSHARD_ROW_NORMS_X86
+  switch (kernel) {
+    case Bf16Kernel::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
+             __builtin_cpu_supports("fma");
+    case Bf16Kernel::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Bf16Kernel::portable:
+      return true;
+  }
 #endif
+  return kernel == Bf16Kernel::portable;
+}
+
+// The fastest form this CPU runs, found once.
+inline Bf16Kernel fastest_bf16_kernel() {
+  static const Bf16Kernel fastest = bf16_kernel_runs(Bf16Kernel::avx512) ? Bf16Kernel::avx512
+                                    : bf16_kernel_runs(Bf16Kernel::avx2) ? Bf16Kernel::avx2
+                                                                         : Bf16Kernel::portable;
+  return fastest;
+}
+
+// One bf16 row on a host execution space with the given form (one this CPU runs); the portable
+// form in any device pass of a KOKKOS_LAMBDA, which never runs it.
+template <class T>
+KOKKOS_INLINE_FUNCTION double bf16_row_squared_norm(Bf16Kernel kernel, const T* row, index_t cols) {
+#if KSHARD_ROW_NORMS_X86 && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+  if (kernel == Bf16Kernel::avx512) return bf16_row_squared_norm_avx512(row, cols);
+  if (kernel == Bf16Kernel::avx2) return bf16_row_squared_norm_avx2(row, cols);
+#else
+  (void)kernel;
+#endif
+  return bf16_row_squared_norm_portable(row, cols);
 }
 
 // For every row i in [0, rows): store(i, s) with s the fp64 sum over j in [0, cols) of
@@ -243,8 +284,8 @@ void row_sums(const ExecSpace& space, const char* label, index_t rows, index_t c
 }
 
 // Squared norms of the local parts of the local rows (no communication). On the host, bf16
-// rows take bf16_row_squared_norm_host; other types eight fp64 accumulators (an fp32 or fp64
-// element is as many bytes as the conversions and adds it costs keep up with).
+// rows take the fastest bf16_row_squared_norm this CPU runs; other types eight fp64 accumulators
+// (an fp32 or fp64 element is as many bytes as the conversions and adds it costs keep up with).
 template <class ExecSpace, class View, class Out>
 void local_row_squared_norms(const ExecSpace& space, const View& local, const Out& out) {
   const auto rows = static_cast<index_t>(local.extent(0));
@@ -253,11 +294,12 @@ void local_row_squared_norms(const ExecSpace& space, const View& local, const Ou
   const auto stride = static_cast<index_t>(local.stride(0));
   if constexpr (is_host_space_v<ExecSpace> &&
                 std::is_same_v<typename View::non_const_value_type, bf16>) {
+    const Bf16Kernel kernel = fastest_bf16_kernel();
     Kokkos::parallel_for(
         "kshard::row_norms",
         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, rows),
         KOKKOS_LAMBDA(const index_t i) {
-          out(i) = bf16_row_squared_norm_host(data + i * stride, cols);
+          out(i) = bf16_row_squared_norm(kernel, data + i * stride, cols);
         });
   } else {
     row_sums<8>(
