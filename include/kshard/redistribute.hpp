@@ -327,7 +327,7 @@ void run_stage(const Space& space, const Stage<T, S>& stage, const ShardView<T, 
   using Kind = typename Stage<T, S>::Kind;
   switch (stage.kind) {
     case Kind::copy:
-      Kokkos::deep_copy(space, out, in);
+      copy_shard(space, out, in);
       return;
     case Kind::local:
       run_moves(space, stage.unpack, out.data(), static_cast<const T*>(nullptr), in.data());

@@ -446,6 +446,23 @@ TEST(Redistribute, NamedTransitionsSendTheirMinimum) {
 
 // FSDP2 x TP: unshard the (StridedShard, Shard) embedding over dp (all-gather of the local
 // block) and reshard it (local, nothing sent).
+// On a host backend a step that moves more than detail::host_inline_elements elements runs a
+// kernel, one that moves fewer copies on the calling thread (the tests above are all small):
+// every placement pair of a line mesh at 300 x 300, above the limit on every rank count up to 4.
+TEST(Redistribute, LargeMovesTakeTheKernel) {
+  static_assert(300 * 300 / 16 * 3 > kshard::detail::host_inline_elements);
+  kshard::Mesh<1> line(MPI_COMM_WORLD, {world_size()});
+  std::uint64_t seed = 9000;
+  for_each_placement([&](auto p) {
+    for_each_placement([&](auto q) {
+      auto rng = kshard::test::shared_rng(seed);
+      const Layout source(make_placement<decltype(p)>(rng));
+      const Layout target(make_placement<decltype(q)>(rng));
+      check_transition<float>(line, source, target, 300, 300, seed++);
+    });
+  });
+}
+
 TEST(Redistribute, FsdpUnshardAndReshard) {
   const int size = world_size();
   if (size % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";

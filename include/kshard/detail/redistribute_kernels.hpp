@@ -106,12 +106,53 @@ class MoveList {
   std::vector<Move> moves_;
 };
 
+// Runs of one length whose starts advance by fixed steps on both ends, as one strided copy (the
+// rows of a block): how the host copies a few elements.
+struct StridedRuns {
+  Move first;
+  index_t repeat = 1;  // runs
+  index_t from_step = 0;
+  index_t to_step = 0;
+};
+
+inline std::vector<StridedRuns> strided_runs(const std::vector<Move>& moves) {
+  std::vector<StridedRuns> groups;
+  for (const Move& m : moves) {
+    if (!groups.empty()) {
+      StridedRuns& g = groups.back();
+      const bool alike = m.source == g.first.source && m.count == g.first.count;
+      if (alike && g.repeat == 1) {
+        g.from_step = m.from - g.first.from;
+        g.to_step = m.to - g.first.to;
+        g.repeat = 2;
+        continue;
+      }
+      if (alike && m.from == g.first.from + g.repeat * g.from_step &&
+          m.to == g.first.to + g.repeat * g.to_step) {
+        ++g.repeat;
+        continue;
+      }
+    }
+    groups.push_back({m});
+  }
+  return groups;
+}
+
+// At most this many elements, a host instance's moves are copied by the calling thread once the
+// instance is done: a kernel launch, and a kernel that loads each run's bounds, cost more than
+// such a copy (a 64 x 64 fp32 Shard<0> -> Shard<1> plan on 2 ranks spent 350 cycles on each of
+// its pack and unpack kernels, where loops over the rows of the blocks take 130-190).
+inline constexpr index_t host_inline_elements = 16384;
+
 // A move list in the memory of `MemSpace`, its runs cut to at most `chunk` elements so that one
-// kernel spreads a large block over every thread.
+// kernel spreads a large block over every thread; where the host can read that memory, also the
+// runs as strided copies, for moves of a few elements.
 template <class MemSpace>
 struct DeviceMoves {
   Kokkos::View<const Move*, MemSpace> moves;
-  index_t size = 0;  // number of runs
+  index_t size = 0;      // number of runs
+  index_t elements = 0;  // in all runs
+  std::vector<StridedRuns> host_runs;
 
   static constexpr index_t chunk = 8192;
 
@@ -123,6 +164,9 @@ struct DeviceMoves {
       for (index_t done = 0; done < m.count; done += chunk)
         cut.push_back({m.from + done, m.to + done, std::min(chunk, m.count - done), m.source});
     size = static_cast<index_t>(cut.size());
+    for (const Move& m : cut) elements += m.count;
+    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible)
+      if (elements <= host_inline_elements) host_runs = strided_runs(list.moves());
     moves = vector_to_space<MemSpace>(space, cut, "kshard::redistribute::moves");  // plan time
   }
 };
@@ -154,7 +198,20 @@ struct RunMoves {
   }
 };
 
-// One kernel on `space` that runs every move of `moves` (nothing when there are none).
+// The moves of `runs`, on the calling thread.
+template <class T>
+void copy_strided_runs(const std::vector<StridedRuns>& runs, T* dst, const T* src0, const T* src1) {
+  for (const StridedRuns& g : runs) {
+    const T* src = (g.first.source == 0 ? src0 : src1) + g.first.from;
+    T* out = dst + g.first.to;
+    const index_t count = g.first.count;
+    for (index_t r = 0; r < g.repeat; ++r, src += g.from_step, out += g.to_step)
+      for (index_t j = 0; j < count; ++j) out[j] = src[j];
+  }
+}
+
+// One kernel on `space` that runs every move of `moves` (nothing when there are none); a few
+// elements on a host instance, strided copies on the calling thread after the instance's work.
 template <class ExecSpace, class T, class MemSpace>
 void run_moves(const ExecSpace& space, const DeviceMoves<MemSpace>& moves, T* dst, const T* src0,
                const T* src1) {
@@ -162,6 +219,11 @@ void run_moves(const ExecSpace& space, const DeviceMoves<MemSpace>& moves, T* ds
   using Functor = RunMoves<T, Kokkos::View<const Move*, MemSpace>>;
   const Functor functor{moves.moves, dst, src0, src1};
   if constexpr (is_host_space_v<ExecSpace>) {
+    if (moves.elements <= host_inline_elements) {
+      fence(space, "kshard::redistribute: before a copy of a few elements on the host");
+      copy_strided_runs(moves.host_runs, dst, src0, src1);
+      return;
+    }
     Kokkos::parallel_for(
         "kshard::redistribute::move",
         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, moves.size), functor);
@@ -173,6 +235,20 @@ void run_moves(const ExecSpace& space, const DeviceMoves<MemSpace>& moves, T* ds
             Kokkos::AUTO),
         functor);
   }
+}
+
+// dst = src (contiguous views of one shape) on `space`; a few elements on a host instance, on
+// the calling thread after the instance's work (Kokkos::deep_copy costs more than the copy).
+template <class ExecSpace, class View>
+void copy_shard(const ExecSpace& space, const View& dst, const View& src) {
+  if constexpr (is_host_space_v<ExecSpace>) {
+    if (static_cast<index_t>(src.size()) <= host_inline_elements) {
+      fence(space, "kshard::redistribute: before a copy of a few elements on the host");
+      std::copy_n(src.data(), src.size(), dst.data());
+      return;
+    }
+  }
+  Kokkos::deep_copy(space, dst, src);
 }
 
 // Divides every element of a contiguous buffer of `size` elements by `divisor` (the mean of a
