@@ -26,55 +26,56 @@ and which of the two runs first alternates too (the first of a pair ran 1-2% slo
 operation compared with itself); the ratio is the median of the per-repetition ratios.
 
 - **Row norms, detection, repair.** One pass over the local shard at the roofline's speed
-  (0.98-1.02 of it in fp32, Serial and OpenMP), with every element widened to fp64 before it
-  is squared (a finite fp32 row never overflows); detection that finds nothing costs 1.01-1.08
-  norms passes and a repair of 256 rows 1.03-1.12. The Python algorithm written plainly (three
+  (0.95-1.01 of it in fp32, Serial and OpenMP), with every element widened to fp64 before it
+  is squared (a finite fp32 row never overflows); detection that finds nothing costs 1.02-1.07
+  norms passes and a repair of 256 rows 1.03-1.11. The Python algorithm written plainly (three
   norms passes, one of them over the output) costs about 4 norms passes. bf16 is measured
   against the memory, not against its own conversion-bound "roofline" kernel (which it beats
-  1.7-2.2x): its norms read 1.05-1.09x the bytes per second of a STREAM-like read of the same
-  bytes, and 0.92-1.05x fp32's roofline read (one core: 23.0 GB/s against 23.8); detection
-  0.85-0.98x and a repair 0.85-0.95x of fp32's roofline (the OpenMP repair, 0.847, misses by a
-  hair; the 2-rank rows, 1.4-1.5, compare with an fp32 read that ran at 30 GB/s where the fp32
-  norms ran at 47: a neighbour's load). It took two
-  changes: the bf16 kernel widens sixteen elements per 256-bit load, even ones by a shift and
-  odd ones by a mask, eight per instruction to fp64 (the shuffling form read at 0.75 of the
-  memory's speed, 0.38 before that), and the detection decides on squared norms against
+  1.5-2.3x): its norms read 0.99-1.13x the bytes per second of a STREAM-like read of the same
+  bytes, and 0.89-0.97x fp32's roofline read at 1 and 4 ranks and with OpenMP; detection
+  0.87-0.94x and a repair 0.84-0.94x (the repair at one rank, 0.835, misses; in the two runs
+  before this one it made 0.86 and 0.89: the ratio sets two separately timed runs against each
+  other). The 2-rank rows, 1.3-1.4, compare with an fp32 read slowed by a neighbour's load. It
+  took two changes: the bf16 kernel widens sixteen elements per 256-bit load, even ones by a
+  shift and odd ones by a mask, eight per instruction to fp64 (the shuffling form read at 0.75
+  of the memory's speed, 0.38 before that), and the detection decides on squared norms against
   exact limits instead of taking a square root and copying two vectors per row (1.17 norms
-  passes before).
+  passes before). The kernel's x86 forms are chosen at run time, so a build without
+  `-march=native` reads as fast (23 GB/s on one core, where it read 7.6 before).
 - **Plans** (`plan_redistribute` once, `plan.apply` per step) against the bare collective(s)
-  plus the packing the bare version does, in plain loops: 0.97-1.03x at 65536 x 1024 with
-  Serial (0.72-0.78x with OpenMP, whose two threads pack; 1.1x for Shard<0> -> Replicate on one
-  rank, a single 256 MiB copy). At 64 x 64 the FSDP unshard and Shard<0> -> Replicate run at
-  1.02-1.06x at 2 and 4 ranks (1.06, a miss by a hair, at 2); Shard<0> -> Shard<1> does not
-  (1.17x at 2 ranks, 1.10x at 4), nor does anything on one rank (1.39-1.59x, where the bare
-  version is a 0.3 us copy): a fixed 0.15-0.3 us per apply. Timed inside the 2-rank apply (in
-  cycles, against the same steps of the bare version): the MPI call is the same, and the rest
-  costs 1,000-1,200 cycles against 370-470: the pack and the copy of the kept block run per run
-  of contiguous elements (32 runs of 32 floats each, about 350 cycles each against 130-190 for
-  the bare loops over rows), and the argument checks, the fences and the collective's wrapper
-  add about 250. Copying on the calling thread instead of a Kokkos launch saved nothing
-  measurable, so it is not in. Planning once saves 1.7-4.8x at 64 x 64 (`redistribute_into`
-  plans on every call).
+  plus the packing the bare version does, in plain loops: 0.95-1.05x at 65536 x 1024 with
+  Serial (0.70-0.82x with OpenMP, whose two threads pack). At 64 x 64 they run at 1.03-1.12x
+  on 2 and 4 ranks and 1.07-1.32x on one rank, where the bare version is a 0.3 us copy: a
+  fixed 0.1-0.2 us per apply, and at these sizes the ratio moves by 0.05 between runs. Timed
+  inside a 2-rank 64 x 64 Shard<0> -> Shard<1> apply (in cycles, against the same steps of the
+  bare version), the MPI call costs the same; the pack and the copy of the kept block, run as
+  kernels over lists of contiguous runs, cost about 350 cycles each against 130-190 for the
+  bare loops over rows, and the argument checks, the fences and the collective's wrapper about
+  250 more. So a step that moves at most 16384 elements on a host instance now copies on the
+  calling thread, by strided runs (the rows of its blocks): that case went from 1.17-1.29x to
+  1.08-1.12x at 2 ranks and from 1.09-1.10x to 1.05-1.06x at 4, and one-rank cases from
+  1.39-1.59x to 0.97-1.32x (mostly 1.07-1.2x). Planning once saves 1.9-6.7x at 64 x 64 (`redistribute_into` plans on every
+  call).
 - **Scaling of detection** with ranks follows the memory system: two ranks read the fp32 table
-  1.35x as fast as one with the roofline kernel itself (this 2-core VM's memory bandwidth does
-  not double), and detection speeds up 1.42x; bf16, which converts while it reads, scales
-  1.98x. The 1/ranks cost the issue asks for is the hardware's limit, not kshard's: the target
+  1.27-1.35x as fast as one with the roofline kernel itself (this 2-core VM's memory bandwidth
+  does not double; the range is over three runs), and detection speeds up 1.84x in this run
+  (its one-rank time was slowed); bf16 scales 2.05x. The 1/ranks cost the issue asks for is the hardware's limit, not kshard's: the target
   here is 0.9x of the roofline's own speed-up, measured in the same runs. With 4 ranks on 2
   cores the speed-up cannot show.
 - **zero_row** sends nothing and costs 0.65x (fp32) to 0.13x (bf16) of `Kokkos::deep_copy` of
   the same slice (kshard's fill is one kernel over the held columns; deep_copy of a custom bf16
   type takes a slower path); the gather-zero-scatter alternative is 10^6-10^7 times slower.
-- **Vocabulary-parallel lookup** (N = 4096 ids): 1.02-1.08x a hand-written row copy plus one
+- **Vocabulary-parallel lookup** (N = 4096 ids): 0.99-1.14x a hand-written row copy plus one
   `MPI_Allreduce`, into a reused buffer; the form that returns a new view pays the page faults
   of the new N x H output too (`ratio_fresh`). One Kokkos team per id maps the id once and
   copies its row along the contiguous columns (before: one `to_local` per element, 7x).
 - **redistribute Shard<0> -> Replicate**, `redistribute_into` a matrix allocated once, against
-  `MPI_Allgatherv` into a buffer allocated once: 0.62-1.03x. The all-gather receives straight
+  `MPI_Allgatherv` into a buffer allocated once: 0.60-1.01x. The all-gather receives straight
   into the result (the blocks are whole rows of it) and the result is allocated without a
   fill; `redistribute`, which returns a new matrix, matches an `MPI_Allgatherv` into a fresh
   buffer (`ratio_fresh`). Below 1 on one rank and with OpenMP: kshard's local copy is a Kokkos
   kernel, Open MPI's self-copy a plain memcpy.
-- **Local GEMM** (`-march=native`, AVX-512): 0.86-0.95x of OpenBLAS `sgemm` on one core, on
+- **Local GEMM** (`-march=native`, AVX-512): 0.85-0.95x of OpenBLAS `sgemm` on one core, on
   every shape of the linear layers (the weight gradient `tn` too): GotoBLAS-style blocking
   with packed micro-panels and an 8 x 32 register tile. Without `-march=native`
   (`gemm_generic`, SSE2 without FMA, against OpenBLAS's run-time AVX-512 kernels) the same
@@ -84,19 +85,20 @@ operation compared with itself); the ratio is the median of the per-repetition r
   e.g. the OpenMP configuration, and views no BLAS takes); with kokkos-kernels (the Serial
   configuration: Debian's Trilinos 13.2, whose BLAS TPL is on for float and double,
   LayoutRight and LayoutLeft, HostSpace) the layers' products go through `KokkosBlas::gemm` to
-  the host BLAS, i.e. OpenBLAS: `gemm_kokkos_kernels_*` rows, 0.99-1.00x of `cblas_sgemm`
+  the host BLAS, i.e. OpenBLAS: `gemm_kokkos_kernels_*` rows, 0.98-1.01x of `cblas_sgemm`
   called directly (1 rank, native). Trilinos 13.2's `KokkosBlas::gemm` takes no
   execution-space instance (3.6+ does): kshard fences the instance before the BLAS call.
 - **Checkpoint reads** (`io::read_into`, the 30522 x 384 F32 embedding of all-MiniLM-L6-v2's
   size, page-cached) against a `pread` loop over exactly the bytes each rank holds, into memory
-  both already hold: rows (the vocabulary-parallel layout) at 0.90-0.92x at 1 and 2 ranks.
-  Columns at 2 ranks miss (0.68x with Open MPI's OMPIO, 0.74x through ROMIO): each rank reads a
+  both already hold: rows (the vocabulary-parallel layout) at 0.88-0.94x at 1 and 2 ranks.
+  Columns at 2 ranks miss (0.73x with Open MPI's OMPIO, 0.74x through ROMIO): each rank reads a
   768-byte piece of every row, and both MPI-IO libraries serve that slower than 30k preads.
   Reading whole-row blocks and redistributing them was tried: 1.08x the pread loop through
   ROMIO but 0.45x through OMPIO, so it is not in. An in-place repair of 256 rows writes exactly
   those rows plus the undo file.
 - **Collective watchdog** (`KSHARD_COLLECTIVE_TIMEOUT`): the lookup and `Shard<0> ->
-  Replicate` run 0.97-1.03x as fast with it on as off, at 1-4 ranks: a thread watches the
+  Replicate` run 0.98-1.01x as fast with it on as off, at 1-4 ranks (1.06 once, at 4 ranks on
+  2 cores): a thread watches the
   blocking collectives, which stay as they are. Starting each collective non-blocking and
   polling `MPI_Test` (the first design) cost 1.2-1.34x on the lookup at 2 ranks.
 - **Peak memory**: the rowwise run peaks at 2.0 tables per rank (input and output), at every
