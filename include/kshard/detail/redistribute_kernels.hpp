@@ -144,6 +144,22 @@ inline std::vector<StridedRuns> strided_runs(const std::vector<Move>& moves) {
 // its pack and unpack kernels, where loops over the rows of the blocks take 130-190).
 inline constexpr index_t host_inline_elements = 16384;
 
+// Whether the calling thread copies `elements` elements of `MemSpace` for `space` (a host
+// instance and few elements); if so, `space` has finished its work when this returns.
+template <class MemSpace, class ExecSpace>
+bool copy_on_calling_thread(const ExecSpace& space, index_t elements) {
+  if constexpr (is_host_space_v<ExecSpace> &&
+                Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible) {
+    if (elements > host_inline_elements) return false;
+    fence(space, "kshard::redistribute: before a copy of a few elements on the host");
+    return true;
+  } else {
+    (void)space;
+    (void)elements;
+    return false;
+  }
+}
+
 // A move list in the memory of `MemSpace`, its runs cut to at most `chunk` elements so that one
 // kernel spreads a large block over every thread; where the host can read that memory, also the
 // runs as strided copies, for moves of a few elements.
@@ -218,12 +234,11 @@ void run_moves(const ExecSpace& space, const DeviceMoves<MemSpace>& moves, T* ds
   if (moves.size == 0) return;
   using Functor = RunMoves<T, Kokkos::View<const Move*, MemSpace>>;
   const Functor functor{moves.moves, dst, src0, src1};
+  if (copy_on_calling_thread<MemSpace>(space, moves.elements)) {
+    copy_strided_runs(moves.host_runs, dst, src0, src1);
+    return;
+  }
   if constexpr (is_host_space_v<ExecSpace>) {
-    if (moves.elements <= host_inline_elements) {
-      fence(space, "kshard::redistribute: before a copy of a few elements on the host");
-      copy_strided_runs(moves.host_runs, dst, src0, src1);
-      return;
-    }
     Kokkos::parallel_for(
         "kshard::redistribute::move",
         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, moves.size), functor);
@@ -241,14 +256,11 @@ void run_moves(const ExecSpace& space, const DeviceMoves<MemSpace>& moves, T* ds
 // the calling thread after the instance's work (Kokkos::deep_copy costs more than the copy).
 template <class ExecSpace, class View>
 void copy_shard(const ExecSpace& space, const View& dst, const View& src) {
-  if constexpr (is_host_space_v<ExecSpace>) {
-    if (static_cast<index_t>(src.size()) <= host_inline_elements) {
-      fence(space, "kshard::redistribute: before a copy of a few elements on the host");
-      std::copy_n(src.data(), src.size(), dst.data());
-      return;
-    }
-  }
-  Kokkos::deep_copy(space, dst, src);
+  using MemSpace = typename View::memory_space;
+  if (copy_on_calling_thread<MemSpace>(space, static_cast<index_t>(src.size())))
+    std::copy_n(src.data(), src.size(), dst.data());
+  else
+    Kokkos::deep_copy(space, dst, src);
 }
 
 // Divides every element of a contiguous buffer of `size` elements by `divisor` (the mean of a
