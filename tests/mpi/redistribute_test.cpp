@@ -444,8 +444,6 @@ TEST(Redistribute, NamedTransitionsSendTheirMinimum) {
   EXPECT_TRUE(all_ranks(shard_matches(addends, full, 0)));
 }
 
-// FSDP2 x TP: unshard the (StridedShard, Shard) embedding over dp (all-gather of the local
-// block) and reshard it (local, nothing sent).
 // On a host backend a step that moves more than detail::host_inline_elements elements runs a
 // kernel, one that moves fewer copies on the calling thread (the tests above are all small):
 // every placement pair of a line mesh at 300 x 300, above the limit on every rank count up to 4.
@@ -463,6 +461,8 @@ TEST(Redistribute, LargeMovesTakeTheKernel) {
   });
 }
 
+// FSDP2 x TP: unshard the (StridedShard, Shard) embedding over dp (all-gather of the local
+// block) and reshard it (local, nothing sent).
 TEST(Redistribute, FsdpUnshardAndReshard) {
   const int size = world_size();
   if (size % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
