@@ -111,15 +111,21 @@ kshard_install_python_packages() {
 }
 
 # Builds the fuzzers with clang and runs each for $1 seconds over its committed corpus (new
-# inputs go to a scratch directory, so the clone stays clean): the layout-mapping arithmetic,
-# and the safetensors header reader (untrusted files: at most 64 MB allocated per input).
+# inputs go to a scratch directory, so the clone stays clean), both at once (one core each):
+# the layout-mapping arithmetic, and the safetensors header reader (untrusted files: at most
+# 64 MB allocated per input).
 kshard_fuzz() {
-  local seconds=$1
+  local seconds=$1 layout header failed=0
   CXX=clang++ cmake -S tests/fuzz -B build/fuzz -G Ninja >/dev/null
   cmake --build build/fuzz >/dev/null
-  kshard_run_fuzzer "$seconds" layout_mapping_fuzz tests/fuzz/corpus &&
-    kshard_run_fuzzer "$seconds" safetensors_header_fuzz tests/fuzz/safetensors_corpus \
-      -max_len=65536 -rss_limit_mb=512 -malloc_limit_mb=64 -dict=tests/fuzz/safetensors_header.dict
+  kshard_run_fuzzer "$seconds" layout_mapping_fuzz tests/fuzz/corpus &
+  layout=$!
+  kshard_run_fuzzer "$seconds" safetensors_header_fuzz tests/fuzz/safetensors_corpus \
+    -max_len=65536 -rss_limit_mb=512 -malloc_limit_mb=64 -dict=tests/fuzz/safetensors_header.dict &
+  header=$!
+  wait "$layout" || failed=1
+  wait "$header" || failed=1
+  return "$failed"
 }
 
 # kshard_run_fuzzer SECONDS NAME CORPUS [FLAGS...]

@@ -16,6 +16,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -408,7 +409,7 @@ struct PlanKey {
 // Why `target`'s shard may not be written from `matrix`'s on this rank: they share memory.
 template <class A, class B>
 std::optional<std::string> shared_storage_problem(const A& matrix, const B& target,
-                                                  const std::string& who) {
+                                                  std::string_view who) {
   const auto* in = matrix.local().data();
   const auto* out = target.local().data();
   const auto in_size = matrix.local().size();
