@@ -55,7 +55,14 @@ operation compared with itself); the ratio is the median of the per-repetition r
   calling thread, by strided runs (the rows of its blocks): that case went from 1.17-1.29x to
   1.08-1.12x at 2 ranks and from 1.09-1.10x to 1.05-1.06x at 4, and one-rank cases from
   1.39-1.59x to 0.97-1.32x (mostly 1.07-1.2x). Planning once saves 1.9-6.7x at 64 x 64 (`redistribute_into` plans on every
-  call).
+  call). Since this report's run, `apply` no longer copies a view (two atomic reference counts
+  each) or a string per call, and the benchmark times 64 small moves back to back per sample,
+  fenced on their instance as the docs prescribe (one move between two barriers is as short as
+  the barriers' own jitter; the global `Kokkos::fence()` it used before costs more than the
+  instance's). Later runs, Serial (three at 1 and 2 ranks, one at 4): 0.62-0.97x at one rank
+  (the bare Shard<0> -> Shard<1> there runs an empty all-to-all), 1.02-1.04x at 2 ranks and
+  1.00-1.05x at 4. In two of those runs the large Shard<0> -> Shard<1> at 4 ranks (on 2 cores)
+  read 1.14x, against 0.99x in this report: not re-measured on a quiet machine yet.
 - **Scaling of detection** with ranks follows the memory system: two ranks read the fp32 table
   1.27-1.35x as fast as one with the roofline kernel itself (this 2-core VM's memory bandwidth
   does not double; the range is over three runs), and detection speeds up 1.84x in this run

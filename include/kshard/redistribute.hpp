@@ -543,7 +543,12 @@ class RedistributePlan {
                   "matrices' memory space");
     if (auto problem = mismatch(matrix, target)) throw error(*problem);
     const detail::Operation operation("redistribute");
-    const auto shard = [&](int index) -> detail::ShardView<T, MemSpace> {
+    // References, not copies: copying a view counts its reference up and down, atomically, on
+    // every apply.
+    using Shard = detail::ShardView<T, MemSpace>;
+    static_assert(std::is_same_v<typename target_type::view_type, Shard> &&
+                  std::is_same_v<typename source_type::view_type, Shard>);
+    const auto shard = [&](int index) -> const Shard& {
       return index < 0 ? target.local() : intermediates_[static_cast<std::size_t>(index)];
     };
     for (const auto& stage : stages_)
