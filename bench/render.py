@@ -35,7 +35,12 @@ operation compared with itself); the ratio is the median of the per-repetition r
   bytes, and 0.89-0.97x fp32's roofline read at 1 and 4 ranks and with OpenMP; detection
   0.87-0.94x and a repair 0.84-0.94x (the repair at one rank, 0.835, misses; in the two runs
   before this one it made 0.86 and 0.89: the ratio sets two separately timed runs against each
-  other). The 2-rank rows, 1.3-1.4, compare with an fp32 read slowed by a neighbour's load. It
+  other). The 2-rank rows, 1.3-1.4, compare with an fp32 read slowed by a neighbour's load.
+  Since this report's run the benchmark times each bf16 operation in alternation with fp32's
+  roofline read (`ratio`; the old division of separate runs stays as `ratio_separate_runs`):
+  three later runs at one rank gave norms 0.97-1.04, detection 0.95-0.98 and the repair
+  0.90-0.92 (separate runs, in the same processes: 1.00-1.20, 1.01-1.15, 0.93-1.13), one at
+  2 ranks 0.965, 0.965 and 0.932. It
   took two changes: the bf16 kernel widens sixteen elements per 256-bit load, even ones by a
   shift and odd ones by a mask, eight per instruction to fp64 (the shuffling form read at 0.75
   of the memory's speed, 0.38 before that), and the detection decides on squared norms against

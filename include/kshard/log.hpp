@@ -25,6 +25,9 @@ inline LogHandler& log_handler() {
   static LogHandler handler;  // silent until a handler is set
   return handler;
 }
+
+// Whether a handler listens: a line that takes work to format is made only then.
+inline bool logging() { return static_cast<bool>(log_handler()); }
 }  // namespace detail
 
 /// Replaces the log handler (by default none: kshard prints nothing); returns the previous

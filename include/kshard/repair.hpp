@@ -761,7 +761,7 @@ std::optional<RepairReport> repair_rows(const ExecSpace& space, const In& input,
   verify_repaired_rows(space, input, held, report, first_copy, min_norm, value, names);
   write_repaired_rows(space, input, held, value);
   fence(space, "kshard::repair_embedding_rows: the repaired rows are written");
-  if (input.mesh().my_rank() == 0) log_line(fmt::format("{}", report));
+  if (input.mesh().my_rank() == 0 && logging()) log_line(fmt::format("{}", report));
   return report;
 }
 
