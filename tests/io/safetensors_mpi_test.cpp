@@ -110,6 +110,15 @@ std::int64_t first_copy_bytes(const M& matrix) {
   return matrix.mapping().local_size() * static_cast<std::int64_t>(sizeof(typename M::value_type));
 }
 
+// The bytes of this rank's block of whole rows (rows split over every mesh dimension).
+template <class M>
+std::int64_t row_block_bytes(const M& matrix) {
+  using Blocks = io::detail::row_blocks_t<M::mesh_rank>;
+  const kshard::DistMatrix<typename M::value_type, Blocks, ExecSpace, MemSpace> blocks(
+      matrix.mesh(), Blocks{}, matrix.rows(), matrix.cols());
+  return blocks.mapping().local_size() * static_cast<std::int64_t>(sizeof(typename M::value_type));
+}
+
 template <class T, class M>
 void expect_holds(const M& matrix, const kshard::HostMatrix<T>& full) {
   const auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
@@ -138,7 +147,13 @@ void round_trip(const Scratch& scratch, const kshard::Mesh<N>& mesh, const L& la
   io::reset_io_stats();
   auto matrix = io::read_matrix<T, ExecSpace, MemSpace>(file, "weight", mesh, layout);
   expect_holds(matrix, full);
-  EXPECT_EQ(io::io_stats().bytes_read, first_copy_bytes(matrix));
+  // Every byte of the tensor is read once: a rank reads its first copies, or, where the layout
+  // splits columns over more than one rank (pieces of every row), its block of whole rows.
+  std::int64_t read = io::io_stats().bytes_read;
+  EXPECT_EQ(read, io::detail::holds_pieces_of_rows(matrix) ? row_block_bytes(matrix)
+                                                           : first_copy_bytes(matrix));
+  MPI_Allreduce(MPI_IN_PLACE, &read, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_EQ(read, rows * cols * static_cast<std::int64_t>(sizeof(T)));
 
   kshard::HostMatrix<T> scaled("scaled", full.extent(0), full.extent(1));
   for (std::size_t r = 0; r < full.extent(0); ++r)

@@ -27,12 +27,10 @@ using kshard::test::collective_error;
 using kshard::test::ExecSpace;
 using kshard::test::for_each_placement;
 using kshard::test::make_placement;
+using kshard::test::Matrix;
 using kshard::test::MemSpace;
 using kshard::test::reference_matrix;
 using kshard::test::world_size;
-
-template <class T, class L>
-using Matrix = kshard::DistMatrix<T, L, ExecSpace, MemSpace>;
 
 template <class T, class L, std::size_t M>
 void check_round_trip(const kshard::Mesh<M>& mesh, const L& layout, index_t rows, index_t cols,

@@ -32,12 +32,11 @@ using kshard::test::collective_error;
 using kshard::test::ExecSpace;
 using kshard::test::expect_collective_refusal;
 using kshard::test::expect_local_refusal;
+using kshard::test::Matrix;
 using kshard::test::MemSpace;
 using kshard::test::watch;
 using kshard::test::world_size;
 
-template <class T, class L>
-using Matrix = kshard::DistMatrix<T, L, ExecSpace, MemSpace>;
 using DeviceMatrix = Kokkos::View<float**, Kokkos::LayoutRight, MemSpace>;
 using Ids = Kokkos::View<std::int64_t*, MemSpace>;
 

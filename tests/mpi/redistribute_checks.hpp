@@ -39,13 +39,11 @@ using kshard::test::collective_error;
 using kshard::test::ExecSpace;
 using kshard::test::for_each_placement;
 using kshard::test::make_placement;
+using kshard::test::Matrix;
 using kshard::test::MemSpace;
 using kshard::test::other_instance;
 using kshard::test::reference_matrix;
 using kshard::test::world_size;
-
-template <class T, class L>
-using Matrix = kshard::DistMatrix<T, L, ExecSpace, MemSpace>;
 
 using Sum = Partial<ReduceOp::sum>;
 using Max = Partial<ReduceOp::max>;

@@ -36,13 +36,11 @@ using kshard::test::all_ranks;
 using kshard::test::collective_error;
 using kshard::test::ExecSpace;
 using kshard::test::expect_collective_refusal;
+using kshard::test::Matrix;
 using kshard::test::MemSpace;
 using kshard::test::reference_matrix;
 using kshard::test::watch;
 using kshard::test::world_size;
-
-template <class T, class L>
-using Matrix = kshard::DistMatrix<T, L, ExecSpace, MemSpace>;
 
 // Uneven, fewer rows than ranks (3 x 5 on 4 ranks leaves a shard empty), and nothing at all.
 constexpr std::array<std::pair<index_t, index_t>, 4> shapes{{{3, 5}, {13, 7}, {0, 4}, {6, 1}}};

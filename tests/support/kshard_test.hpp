@@ -35,6 +35,10 @@ using kshard::index_t;
 using ExecSpace = KSHARD_TEST_EXECUTION_SPACE;
 using MemSpace = typename ExecSpace::memory_space;
 
+// The distributed matrix the tests build: on the tested backend, in its default memory.
+template <class T, class L>
+using Matrix = kshard::DistMatrix<T, L, ExecSpace, MemSpace>;
+
 // An instance of ExecSpace other than the default where Kokkos can make one (a partition,
 // Kokkos 4 and later), else a separately constructed one: an operation given it must give the
 // default form's results either way. The partition is made once and released when Kokkos

@@ -1,14 +1,17 @@
-// The x86 forms of the bf16 row-norm kernel (detail/row_norms.hpp) against its portable form,
-// bit for bit, each where this CPU runs it: every bf16 bit pattern in every position of rows
-// of every length up to three blocks of 32 lanes, then random rows mixing ordinary values with
-// subnormals, the largest finite values, zeros, infinities and NaNs. And the form the row
-// norms use is the fastest the CPU runs.
+// The x86 forms of the bf16 and fp32 row-norm kernels (detail/row_norms.hpp) against their
+// portable forms, bit for bit, each where this CPU runs it: for bf16 every bit pattern in every
+// position of rows of every length up to three blocks of 32 lanes, for both random rows mixing
+// ordinary values of widely spread magnitudes (so that the order of the additions shows) with
+// subnormals, the largest finite values, zeros, infinities and NaNs. The portable fp32 form
+// against a serial long-double sum of squares. And the form the row norms use is the fastest
+// the CPU runs.
 
 #include <gtest/gtest.h>
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -20,12 +23,12 @@ namespace {
 using kshard::bf16;
 using kshard::index_t;
 
-using kshard::detail::Bf16Kernel;
+using kshard::detail::RowKernel;
 
 // The x86 forms this build has (none in a CUDA/HIP/SYCL compilation or off x86).
-std::vector<Bf16Kernel> x86_kernels() {
+std::vector<RowKernel> x86_kernels() {
   if (!KSHARD_ROW_NORMS_X86) return {};
-  return {Bf16Kernel::avx2, Bf16Kernel::avx512};
+  return {RowKernel::avx2, RowKernel::avx512};
 }
 
 // Bit for bit, NaNs included (any NaN matches any NaN: both forms square the same NaN).
@@ -34,27 +37,32 @@ bool same(double a, double b) {
          (std::isnan(a) && std::isnan(b));
 }
 
-// The rows where `kernel` differs from the portable form.
-index_t differing_rows(Bf16Kernel kernel, const std::vector<std::uint16_t>& bits, index_t cols) {
-  const auto* data = reinterpret_cast<const bf16*>(bits.data());
-  const auto rows = cols == 0 ? 0 : static_cast<index_t>(bits.size()) / cols;
+// The rows of `rows` x `cols` elements at `data` where `kernel` differs from the portable form.
+template <class T>
+index_t differing_rows(RowKernel kernel, const T* data, index_t rows, index_t cols) {
   index_t wrong = 0;
   for (index_t r = 0; r < rows; ++r) {
-    const bf16* row = data + r * cols;
-    wrong += same(kshard::detail::bf16_row_squared_norm(kernel, row, cols),
-                  kshard::detail::bf16_row_squared_norm_portable(row, cols))
+    const T* row = data + r * cols;
+    wrong += same(kshard::detail::row_squared_norm(kernel, row, cols),
+                  kshard::detail::row_squared_norm_portable(row, cols))
                  ? 0
                  : 1;
   }
   return wrong;
 }
 
+// The same for bf16 rows given as bit patterns.
+index_t differing_rows(RowKernel kernel, const std::vector<std::uint16_t>& bits, index_t cols) {
+  return differing_rows(kernel, reinterpret_cast<const bf16*>(bits.data()),
+                        static_cast<index_t>(bits.size()) / cols, cols);
+}
+
 TEST(Bf16RowNormsIsa, EveryBitPatternInEveryLane) {
   int ran = 0;
-  for (const Bf16Kernel kernel : x86_kernels()) {
-    if (!kshard::detail::bf16_kernel_runs(kernel)) continue;
+  for (const RowKernel kernel : x86_kernels()) {
+    if (!kshard::detail::row_kernel_runs(kernel)) continue;
     ++ran;
-    for (index_t cols = 1; cols <= 3 * kshard::detail::bf16_lanes; ++cols) {
+    for (index_t cols = 1; cols <= 3 * kshard::detail::row_lanes; ++cols) {
       // Pattern p at position p % cols of its row, in a field of 1.0 (0x3f80).
       std::vector<std::uint16_t> bits(static_cast<std::size_t>(65536 * cols), 0x3f80);
       for (index_t p = 0; p < 65536; ++p)
@@ -79,25 +87,85 @@ TEST(Bf16RowNormsIsa, MixedRows) {
       if (rng() % 2 == 1) b ^= 0x8000;
       bits[k] = b;
     }
-    for (const Bf16Kernel kernel : x86_kernels()) {
-      if (!kshard::detail::bf16_kernel_runs(kernel)) continue;
+    for (const RowKernel kernel : x86_kernels()) {
+      if (!kshard::detail::row_kernel_runs(kernel)) continue;
       EXPECT_EQ(differing_rows(kernel, bits, cols), 0)
           << "form " << static_cast<int>(kernel) << ", " << cols << " columns";
     }
   }
 }
 
+// Random fp32 rows of `cols` columns: magnitudes 2^-60 to 2^60 of either sign, one in 64 a
+// special value (subnormals, the smallest normal, the largest finite, zeros, infinities, NaN)
+// when `specials` is true.
+std::vector<float> random_float_rows(index_t rows, index_t cols, bool specials, unsigned seed) {
+  using limits = std::numeric_limits<float>;
+  const float special[] = {limits::denorm_min(),
+                           -limits::denorm_min() * 5,
+                           limits::min(),
+                           limits::max(),
+                           -limits::max(),
+                           0.0f,
+                           -0.0f,
+                           limits::infinity(),
+                           -limits::infinity(),
+                           limits::quiet_NaN()};
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(-60, 60);
+  std::vector<float> values(static_cast<std::size_t>(rows * cols));
+  for (float& v : values) {
+    v = std::ldexp(mantissa(rng), exponent(rng)) * (rng() % 2 == 1 ? -1.0f : 1.0f);
+    if (specials && rng() % 64 == 0) v = special[rng() % 10];
+  }
+  return values;
+}
+
+TEST(FloatRowNormsIsa, MixedRowsBitForBit) {
+  int ran = 0;
+  for (const RowKernel kernel : x86_kernels()) {
+    if (!kshard::detail::row_kernel_runs(kernel)) continue;
+    ++ran;
+    std::vector<index_t> widths;
+    for (index_t cols = 1; cols <= 3 * kshard::detail::row_lanes; ++cols) widths.push_back(cols);
+    for (const index_t cols : {100, 384, 1024, 1031}) widths.push_back(cols);
+    for (const index_t cols : widths) {
+      const auto values = random_float_rows(64, cols, true, static_cast<unsigned>(cols));
+      EXPECT_EQ(differing_rows(kernel, values.data(), 64, cols), 0)
+          << "form " << static_cast<int>(kernel) << ", " << cols << " columns";
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "no x86 form of the kernel in this build or on this CPU";
+}
+
+// Every square of an fp32 value is exact in double and the terms are positive, so any order of
+// additions is within (cols - 1) double roundings of the exact sum.
+TEST(FloatRowNormsIsa, PortableFormIsTheSumOfSquares) {
+  for (const index_t cols : {1, 7, 31, 32, 33, 95, 384, 1031}) {
+    const auto values = random_float_rows(16, cols, false, 7u + static_cast<unsigned>(cols));
+    for (index_t r = 0; r < 16; ++r) {
+      const float* row = values.data() + r * cols;
+      long double exact = 0;
+      for (index_t j = 0; j < cols; ++j) exact += static_cast<long double>(row[j]) * row[j];
+      const double got = kshard::detail::row_squared_norm_portable(row, cols);
+      EXPECT_NEAR(got, static_cast<double>(exact),
+                  static_cast<double>(exact) * static_cast<double>(cols) * 1.2e-16)
+          << cols << " columns, row " << r;
+    }
+  }
+}
+
 // The row norms take the fastest form the CPU runs: AVX-512 over AVX2 over the portable loop,
 // as the CPU reports its features (read here directly, not through the library).
-TEST(Bf16RowNormsIsa, FastestFormThisCpuRuns) {
-  Bf16Kernel want = Bf16Kernel::portable;
+TEST(RowNormsIsa, FastestFormThisCpuRuns) {
+  RowKernel want = RowKernel::portable;
 #if KSHARD_ROW_NORMS_X86
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx2) want = Bf16Kernel::avx2;
-  if (avx2 && __builtin_cpu_supports("avx512f")) want = Bf16Kernel::avx512;
+  if (avx2) want = RowKernel::avx2;
+  if (avx2 && __builtin_cpu_supports("avx512f")) want = RowKernel::avx512;
 #endif
-  EXPECT_EQ(kshard::detail::fastest_bf16_kernel(), want);
-  EXPECT_TRUE(kshard::detail::bf16_kernel_runs(Bf16Kernel::portable));
+  EXPECT_EQ(kshard::detail::fastest_row_kernel(), want);
+  EXPECT_TRUE(kshard::detail::row_kernel_runs(RowKernel::portable));
 }
 
 }  // namespace

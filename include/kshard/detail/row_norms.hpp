@@ -11,9 +11,10 @@
 #include "kshard/detail/int_limit.hpp"
 #include "kshard/index.hpp"
 
-// The bf16 host kernel has x86 forms for AVX2 and AVX-512, compiled into every x86 host build
-// with GCC or Clang (function target attributes: no -m flag needed) and chosen at run time by
-// what the CPU has; never in a CUDA/HIP/SYCL compilation, which uses the portable loop below.
+// The bf16 and fp32 host kernels have x86 forms for AVX2 and AVX-512, compiled into every x86
+// host build with GCC or Clang (function target attributes: no -m flag needed) and chosen at run
+// time by what the CPU has; never in a CUDA/HIP/SYCL compilation, which uses the portable loops
+// below.
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
     !defined(__CUDACC__) && !defined(__HIPCC__) && !defined(__SYCL_DEVICE_ONLY__)
 #include <immintrin.h>
@@ -47,21 +48,25 @@ template <class ExecSpace>
 inline constexpr bool is_host_space_v =
     Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
 
-// bf16 rows on the host. A bf16 element is read as the two bytes it is stored in, widened
-// exactly to float by moving them into the top half of 32 bits, converted exactly to double and
-// squared in double, as `squared` does (a bf16 square has at most 16 significant bits and lies
-// between 2^-266 and 2^256, so it is exact in double; in float it would overflow above 2^64
-// and lose bits below 2^-63, which is why the square is not taken in float). The sum runs over
-// 32 fp64 accumulators (`bf16_lane` says which one takes each element of a block of 32),
-// summed at the end in one fixed order: every path below (AVX-512, AVX2, portable) computes the
-// same additions in the same order, so they give bit-identical norms. Eight fp32-style
-// accumulators were conversion-bound at 0.38x of the fp32 kernel's bytes per second: a bf16
-// element is half the bytes, so twice the elements per second must be widened, squared and
-// added.
-inline constexpr int bf16_lanes = 32;
+// bf16 and fp32 rows on the host: one fp64 add chain per accumulator caps a core below the
+// memory's speed unless a row is spread over many, so the sum runs over 32 fp64 accumulators
+// (`bf16_lane` and `float_lane` say which one takes each element of a block of 32), summed at
+// the end in one fixed order. Every path below (AVX-512, AVX2, portable) computes the same
+// additions in the same order, so they give bit-identical norms whichever the CPU runs (replicas
+// of a row on different CPUs agree). Eight accumulators were conversion-bound for bf16 at 0.38x
+// of the fp32 kernel's bytes per second (a bf16 element is half the bytes, so twice the elements
+// per second must be widened, squared and added) and add-bound for fp32 at 0.82x of the memory's
+// speed on a Zen 5 core.
+//
+// A bf16 element is read as the two bytes it is stored in, widened exactly to float by moving
+// them into the top half of 32 bits; bf16 and fp32 elements are converted exactly to double and
+// squared in double, as `squared` does (the square of a 24-bit significand is exact in double,
+// and lies within its range; in float it would overflow above 2^64 and lose bits below 2^-63,
+// which is why the square is not taken in float).
+inline constexpr int row_lanes = 32;
 
-// The accumulator of element k of a block of 32: within each half of 16, the even elements go
-// to its first eight accumulators and the odd ones to the next eight. That is the order in
+// The accumulator of bf16 element k of a block of 32: within each half of 16, the even elements
+// go to its first eight accumulators and the odd ones to the next eight. That is the order in
 // which the x86 forms widen them: the even elements of a 32-bit word by a shift, the odd ones
 // by clearing its low half, with no shuffle (the shuffles capped the kernel at 0.75 of the
 // memory's speed on one core).
@@ -69,39 +74,55 @@ KOKKOS_INLINE_FUNCTION constexpr int bf16_lane(int k) {
   return (k & 16) | ((k & 1) << 3) | ((k >> 1) & 7);
 }
 
+// The accumulator of fp32 element k of a block of 32: its own (the x86 forms widen consecutive
+// elements).
+KOKKOS_INLINE_FUNCTION constexpr int float_lane(int k) { return k; }
+
+KOKKOS_INLINE_FUNCTION constexpr int row_lane(const bf16*, int k) { return bf16_lane(k); }
+KOKKOS_INLINE_FUNCTION constexpr int row_lane(const float*, int k) { return float_lane(k); }
+
 // The fixed final order: halves, then quarters, ..., then the remainder-free total.
-KOKKOS_INLINE_FUNCTION double sum_bf16_lanes(double (&a)[bf16_lanes]) {
-  for (int w = bf16_lanes / 2; w > 0; w /= 2)
+KOKKOS_INLINE_FUNCTION double sum_lanes(double (&a)[row_lanes]) {
+  for (int w = row_lanes / 2; w > 0; w /= 2)
     for (int k = 0; k < w; ++k) a[k] += a[k + w];
   return a[0];
 }
 
-// The elements after the last whole block (fewer than bf16_lanes), into their lanes.
+// The elements after the last whole block (fewer than row_lanes), into their lanes.
 template <class T>
-KOKKOS_INLINE_FUNCTION void add_bf16_rest(double (&a)[bf16_lanes], const T* rest, int count) {
-  for (int k = 0; k < count; ++k) a[bf16_lane(k)] += squared(rest[k]);
+KOKKOS_INLINE_FUNCTION void add_rest(double (&a)[row_lanes], const T* rest, int count) {
+  for (int k = 0; k < count; ++k) a[row_lane(rest, k)] += squared(rest[k]);
 }
 
 // The portable form of the bf16 row kernel (non-x86 hosts, x86 without AVX2, device passes).
-template <class T>
-KOKKOS_INLINE_FUNCTION double bf16_row_squared_norm_portable(const T* row, index_t cols) {
-  double a[bf16_lanes] = {};
+KOKKOS_INLINE_FUNCTION double row_squared_norm_portable(const bf16* row, index_t cols) {
+  double a[row_lanes] = {};
   index_t j = 0;
   // The lanes of bf16_lane spelled out, so that the compiler vectorises the even and the odd
   // elements (a loop through bf16_lane itself ran 4x slower).
-  for (; j + bf16_lanes <= cols; j += bf16_lanes)
-    for (int half = 0; half < bf16_lanes; half += 16)
+  for (; j + row_lanes <= cols; j += row_lanes)
+    for (int half = 0; half < row_lanes; half += 16)
       for (int k = 0; k < 8; ++k) {
         a[half + k] += squared(row[j + half + 2 * k]);
         a[half + 8 + k] += squared(row[j + half + 2 * k + 1]);
       }
-  add_bf16_rest(a, row + j, static_cast<int>(cols - j));
-  return sum_bf16_lanes(a);
+  add_rest(a, row + j, static_cast<int>(cols - j));
+  return sum_lanes(a);
 }
 
-// The forms of the bf16 row kernel: the portable loop, and on x86 hosts the AVX2 and AVX-512
-// ones, all giving the same bits.
-enum class Bf16Kernel { portable, avx2, avx512 };
+// The portable form of the fp32 row kernel.
+KOKKOS_INLINE_FUNCTION double row_squared_norm_portable(const float* row, index_t cols) {
+  double a[row_lanes] = {};
+  index_t j = 0;
+  for (; j + row_lanes <= cols; j += row_lanes)
+    for (int k = 0; k < row_lanes; ++k) a[k] += squared(row[j + k]);
+  add_rest(a, row + j, static_cast<int>(cols - j));
+  return sum_lanes(a);
+}
+
+// The forms of the bf16 and fp32 row kernels: the portable loop, and on x86 hosts the AVX2 and
+// AVX-512 ones, all giving the same bits.
+enum class RowKernel { portable, avx2, avx512 };
 
 #if KSHARD_ROW_NORMS_X86
 // Sixteen bf16 elements at `p` (unaligned) as floats, exactly: the even elements (the low
@@ -117,8 +138,8 @@ KSHARD_TARGET_AVX2 inline Bf16x16 bf16x16_to_float(const void* p) {
           _mm256_castsi256_ps(_mm256_and_si256(raw, high_halves))};
 }
 
-// acc + v * v: the product of two bf16-valued doubles is exact, so the fused multiply-add
-// rounds once, as the portable form's add of the exact square does (the same bits).
+// acc + v * v: the product of two bf16- or fp32-valued doubles is exact, so the fused
+// multiply-add rounds once, as the portable form's add of the exact square does (the same bits).
 KSHARD_TARGET_AVX2 inline __m256d add_square(__m256d acc, __m256d v) {
   return _mm256_fmadd_pd(v, v, acc);
 }
@@ -129,16 +150,47 @@ KSHARD_TARGET_AVX512 inline __m512d add_square(__m512d acc, __m512d v) {
 // its own undefined pass-through operand under -Werror=maybe-uninitialized).
 KSHARD_TARGET_AVX512 inline __m512d to_double(__m256 f) { return _mm512_maskz_cvtps_pd(0xff, f); }
 
-// The 32 lanes in four zmm accumulators of eight, stored to the same 32 lanes before the same
-// final sum. Named, not an array: GCC at -O2 keeps an array of vectors in memory, and the
-// store-to-load latency of each chain then halves the speed.
+// The 32 lanes in zmm (AVX-512) or ymm (AVX2) accumulators, stored to the same 32 lanes before
+// the same final sum as the portable form. The kernels keep them in named variables, not an
+// array or a struct: GCC at -O2 keeps an array of vectors in memory, and the store-to-load
+// latency of each chain then halves the speed.
+struct Zmm4 {
+  __m512d c0, c1, c2, c3;
+};
+struct Ymm4 {
+  __m256d c0, c1, c2, c3;
+};
+
+// The lanes' sum in sum_lanes' order, by vector adds of the same pairs: halves of 16 lanes
+// (zmm 0 + 2, 1 + 3), of 8, of 4, of 2, then the last pair.
+KSHARD_TARGET_AVX512 inline double sum_lanes_avx512(const Zmm4& c) {
+  const __m512d eight = _mm512_add_pd(_mm512_add_pd(c.c0, c.c2), _mm512_add_pd(c.c1, c.c3));
+  // Masked extracts (the cast too is one in GCC 12): its unmasked one warns about its own
+  // pass-through, as in to_double.
+  const __m256d four = _mm256_add_pd(_mm512_maskz_extractf64x4_pd(0xf, eight, 0),
+                                     _mm512_maskz_extractf64x4_pd(0xf, eight, 1));
+  const __m128d two = _mm_add_pd(_mm256_castpd256_pd128(four), _mm256_extractf128_pd(four, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(two, _mm_unpackhi_pd(two, two)));
+}
+
+// The row's sum: the lanes, plus the `count` elements after the last whole block at `rest`.
 template <class T>
-KSHARD_TARGET_AVX512 double bf16_row_squared_norm_avx512(const T* row, index_t cols) {
-  static_assert(sizeof(T) == 2, "bf16 storage is two bytes");
-  alignas(64) double a[bf16_lanes];
+KSHARD_TARGET_AVX512 double finish_avx512(const Zmm4& c, const T* rest, int count) {
+  if (count == 0) return sum_lanes_avx512(c);  // a row of whole blocks: no store and reload
+  alignas(64) double a[row_lanes];
+  _mm512_store_pd(a, c.c0);
+  _mm512_store_pd(a + 8, c.c1);
+  _mm512_store_pd(a + 16, c.c2);
+  _mm512_store_pd(a + 24, c.c3);
+  add_rest(a, rest, count);
+  return sum_lanes(a);
+}
+
+// bf16: four zmm accumulators of eight.
+KSHARD_TARGET_AVX512 inline double row_squared_norm_avx512(const bf16* row, index_t cols) {
   index_t j = 0;
   __m512d c0 = _mm512_setzero_pd(), c1 = c0, c2 = c0, c3 = c0;
-  for (; j + bf16_lanes <= cols; j += bf16_lanes) {
+  for (; j + row_lanes <= cols; j += row_lanes) {
     const Bf16x16 low = bf16x16_to_float(row + j);
     const Bf16x16 high = bf16x16_to_float(row + j + 16);
     c0 = add_square(c0, to_double(low.even));
@@ -146,83 +198,128 @@ KSHARD_TARGET_AVX512 double bf16_row_squared_norm_avx512(const T* row, index_t c
     c2 = add_square(c2, to_double(high.even));
     c3 = add_square(c3, to_double(high.odd));
   }
-  _mm512_store_pd(a, c0);
-  _mm512_store_pd(a + 8, c1);
-  _mm512_store_pd(a + 16, c2);
-  _mm512_store_pd(a + 24, c3);
-  add_bf16_rest(a, row + j, static_cast<int>(cols - j));
-  return sum_bf16_lanes(a);
+  return finish_avx512({c0, c1, c2, c3}, row + j, static_cast<int>(cols - j));
 }
 
-// The same lanes in eight ymm accumulators of four. AVX2 converts four floats to double per
-// instruction: the conversions cap a core at about 0.7 of memory bandwidth here.
+// fp32: four zmm accumulators of eight consecutive elements.
+KSHARD_TARGET_AVX512 inline double row_squared_norm_avx512(const float* row, index_t cols) {
+  index_t j = 0;
+  __m512d c0 = _mm512_setzero_pd(), c1 = c0, c2 = c0, c3 = c0;
+  for (; j + row_lanes <= cols; j += row_lanes) {
+    c0 = add_square(c0, to_double(_mm256_loadu_ps(row + j)));
+    c1 = add_square(c1, to_double(_mm256_loadu_ps(row + j + 8)));
+    c2 = add_square(c2, to_double(_mm256_loadu_ps(row + j + 16)));
+    c3 = add_square(c3, to_double(_mm256_loadu_ps(row + j + 24)));
+  }
+  return finish_avx512({c0, c1, c2, c3}, row + j, static_cast<int>(cols - j));
+}
+
+// AVX2 converts four floats to double per instruction: the same lanes in eight ymm accumulators
+// of four. The conversions cap a core at about 0.7 of memory bandwidth for bf16.
+// sum_lanes' order by vector adds of the same pairs, as sum_lanes_avx512.
+KSHARD_TARGET_AVX2 inline double sum_lanes_avx2(const Ymm4& low, const Ymm4& high) {
+  const __m256d four =
+      _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(low.c0, high.c0), _mm256_add_pd(low.c2, high.c2)),
+                    _mm256_add_pd(_mm256_add_pd(low.c1, high.c1), _mm256_add_pd(low.c3, high.c3)));
+  const __m128d two = _mm_add_pd(_mm256_castpd256_pd128(four), _mm256_extractf128_pd(four, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(two, _mm_unpackhi_pd(two, two)));
+}
+
 template <class T>
-KSHARD_TARGET_AVX2 double bf16_row_squared_norm_avx2(const T* row, index_t cols) {
-  static_assert(sizeof(T) == 2, "bf16 storage is two bytes");
-  alignas(32) double a[bf16_lanes];
+KSHARD_TARGET_AVX2 double finish_avx2(const Ymm4& low, const Ymm4& high, const T* rest, int count) {
+  if (count == 0) return sum_lanes_avx2(low, high);
+  alignas(32) double a[row_lanes];
+  _mm256_store_pd(a, low.c0);
+  _mm256_store_pd(a + 4, low.c1);
+  _mm256_store_pd(a + 8, low.c2);
+  _mm256_store_pd(a + 12, low.c3);
+  _mm256_store_pd(a + 16, high.c0);
+  _mm256_store_pd(a + 20, high.c1);
+  _mm256_store_pd(a + 24, high.c2);
+  _mm256_store_pd(a + 28, high.c3);
+  add_rest(a, rest, count);
+  return sum_lanes(a);
+}
+
+// The low and high four floats of eight, as doubles.
+KSHARD_TARGET_AVX2 inline __m256d low_to_double(__m256 f) {
+  return _mm256_cvtps_pd(_mm256_castps256_ps128(f));
+}
+KSHARD_TARGET_AVX2 inline __m256d high_to_double(__m256 f) {
+  return _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
+}
+
+KSHARD_TARGET_AVX2 inline double row_squared_norm_avx2(const bf16* row, index_t cols) {
   index_t j = 0;
   __m256d c0 = _mm256_setzero_pd(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
-  for (; j + bf16_lanes <= cols; j += bf16_lanes) {
-    const Bf16x16 low = bf16x16_to_float(row + j);
-    const Bf16x16 high = bf16x16_to_float(row + j + 16);
-    c0 = add_square(c0, _mm256_cvtps_pd(_mm256_castps256_ps128(low.even)));
-    c1 = add_square(c1, _mm256_cvtps_pd(_mm256_extractf128_ps(low.even, 1)));
-    c2 = add_square(c2, _mm256_cvtps_pd(_mm256_castps256_ps128(low.odd)));
-    c3 = add_square(c3, _mm256_cvtps_pd(_mm256_extractf128_ps(low.odd, 1)));
-    c4 = add_square(c4, _mm256_cvtps_pd(_mm256_castps256_ps128(high.even)));
-    c5 = add_square(c5, _mm256_cvtps_pd(_mm256_extractf128_ps(high.even, 1)));
-    c6 = add_square(c6, _mm256_cvtps_pd(_mm256_castps256_ps128(high.odd)));
-    c7 = add_square(c7, _mm256_cvtps_pd(_mm256_extractf128_ps(high.odd, 1)));
+  for (; j + row_lanes <= cols; j += row_lanes) {
+    const Bf16x16 first = bf16x16_to_float(row + j);
+    const Bf16x16 second = bf16x16_to_float(row + j + 16);
+    c0 = add_square(c0, low_to_double(first.even));
+    c1 = add_square(c1, high_to_double(first.even));
+    c2 = add_square(c2, low_to_double(first.odd));
+    c3 = add_square(c3, high_to_double(first.odd));
+    c4 = add_square(c4, low_to_double(second.even));
+    c5 = add_square(c5, high_to_double(second.even));
+    c6 = add_square(c6, low_to_double(second.odd));
+    c7 = add_square(c7, high_to_double(second.odd));
   }
-  _mm256_store_pd(a, c0);
-  _mm256_store_pd(a + 4, c1);
-  _mm256_store_pd(a + 8, c2);
-  _mm256_store_pd(a + 12, c3);
-  _mm256_store_pd(a + 16, c4);
-  _mm256_store_pd(a + 20, c5);
-  _mm256_store_pd(a + 24, c6);
-  _mm256_store_pd(a + 28, c7);
-  add_bf16_rest(a, row + j, static_cast<int>(cols - j));
-  return sum_bf16_lanes(a);
+  return finish_avx2({c0, c1, c2, c3}, {c4, c5, c6, c7}, row + j, static_cast<int>(cols - j));
+}
+
+KSHARD_TARGET_AVX2 inline double row_squared_norm_avx2(const float* row, index_t cols) {
+  index_t j = 0;
+  __m256d c0 = _mm256_setzero_pd(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+  for (; j + row_lanes <= cols; j += row_lanes) {
+    c0 = add_square(c0, _mm256_cvtps_pd(_mm_loadu_ps(row + j)));
+    c1 = add_square(c1, _mm256_cvtps_pd(_mm_loadu_ps(row + j + 4)));
+    c2 = add_square(c2, _mm256_cvtps_pd(_mm_loadu_ps(row + j + 8)));
+    c3 = add_square(c3, _mm256_cvtps_pd(_mm_loadu_ps(row + j + 12)));
+    c4 = add_square(c4, _mm256_cvtps_pd(_mm_loadu_ps(row + j + 16)));
+    c5 = add_square(c5, _mm256_cvtps_pd(_mm_loadu_ps(row + j + 20)));
+    c6 = add_square(c6, _mm256_cvtps_pd(_mm_loadu_ps(row + j + 24)));
+    c7 = add_square(c7, _mm256_cvtps_pd(_mm_loadu_ps(row + j + 28)));
+  }
+  return finish_avx2({c0, c1, c2, c3}, {c4, c5, c6, c7}, row + j, static_cast<int>(cols - j));
 }
 #endif
 
 // Whether this build has `kernel` and this CPU runs it (and its operating system saves the
 // registers it uses, which __builtin_cpu_supports checks too).
-inline bool bf16_kernel_runs(Bf16Kernel kernel) {
+inline bool row_kernel_runs(RowKernel kernel) {
 #if KSHARD_ROW_NORMS_X86
   switch (kernel) {
-    case Bf16Kernel::avx512:
+    case RowKernel::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
              __builtin_cpu_supports("fma");
-    case Bf16Kernel::avx2:
+    case RowKernel::avx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case Bf16Kernel::portable:
+    case RowKernel::portable:
       return true;
   }
 #endif
-  return kernel == Bf16Kernel::portable;
+  return kernel == RowKernel::portable;
 }
 
 // The fastest form this CPU runs, found once.
-inline Bf16Kernel fastest_bf16_kernel() {
-  static const Bf16Kernel fastest = bf16_kernel_runs(Bf16Kernel::avx512) ? Bf16Kernel::avx512
-                                    : bf16_kernel_runs(Bf16Kernel::avx2) ? Bf16Kernel::avx2
-                                                                         : Bf16Kernel::portable;
+inline RowKernel fastest_row_kernel() {
+  static const RowKernel fastest = row_kernel_runs(RowKernel::avx512) ? RowKernel::avx512
+                                   : row_kernel_runs(RowKernel::avx2) ? RowKernel::avx2
+                                                                      : RowKernel::portable;
   return fastest;
 }
 
-// One bf16 row on a host execution space with the given form (one this CPU runs); the portable
-// form in any device pass of a KOKKOS_LAMBDA, which never runs it.
+// One bf16 or fp32 row on a host execution space with the given form (one this CPU runs); the
+// portable form in any device pass of a KOKKOS_LAMBDA, which never runs it.
 template <class T>
-KOKKOS_INLINE_FUNCTION double bf16_row_squared_norm(Bf16Kernel kernel, const T* row, index_t cols) {
+KOKKOS_INLINE_FUNCTION double row_squared_norm(RowKernel kernel, const T* row, index_t cols) {
 #if KSHARD_ROW_NORMS_X86 && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
-  if (kernel == Bf16Kernel::avx512) return bf16_row_squared_norm_avx512(row, cols);
-  if (kernel == Bf16Kernel::avx2) return bf16_row_squared_norm_avx2(row, cols);
+  if (kernel == RowKernel::avx512) return row_squared_norm_avx512(row, cols);
+  if (kernel == RowKernel::avx2) return row_squared_norm_avx2(row, cols);
 #else
   (void)kernel;
 #endif
-  return bf16_row_squared_norm_portable(row, cols);
+  return row_squared_norm_portable(row, cols);
 }
 
 // For every row i in [0, rows): store(i, s) with s the fp64 sum over j in [0, cols) of
@@ -283,23 +380,24 @@ void row_sums(const ExecSpace& space, const char* label, index_t rows, index_t c
   }
 }
 
-// Squared norms of the local parts of the local rows (no communication). On the host, bf16
-// rows take the fastest bf16_row_squared_norm this CPU runs; other types eight fp64 accumulators
-// (an fp32 or fp64 element is as many bytes as the conversions and adds it costs keep up with).
+// Squared norms of the local parts of the local rows (no communication). On the host, bf16 and
+// fp32 rows take the fastest row_squared_norm this CPU runs; fp64 ones eight fp64 accumulators
+// (an fp64 element is as many bytes as the adds it costs keep up with).
 template <class ExecSpace, class View, class Out>
 void local_row_squared_norms(const ExecSpace& space, const View& local, const Out& out) {
   const auto rows = static_cast<index_t>(local.extent(0));
   const auto cols = static_cast<index_t>(local.extent(1));
   const auto* data = local.data();  // a plain pointer lets the compiler vectorise the rows
   const auto stride = static_cast<index_t>(local.stride(0));
+  using T = typename View::non_const_value_type;
   if constexpr (is_host_space_v<ExecSpace> &&
-                std::is_same_v<typename View::non_const_value_type, bf16>) {
-    const Bf16Kernel kernel = fastest_bf16_kernel();
+                (std::is_same_v<T, bf16> || std::is_same_v<T, float>)) {
+    const RowKernel kernel = fastest_row_kernel();
     Kokkos::parallel_for(
         "kshard::row_norms",
         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, rows),
         KOKKOS_LAMBDA(const index_t i) {
-          out(i) = bf16_row_squared_norm(kernel, data + i * stride, cols);
+          out(i) = row_squared_norm(kernel, data + i * stride, cols);
         });
   } else {
     row_sums<8>(

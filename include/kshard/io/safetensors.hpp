@@ -14,10 +14,11 @@
 /// bytes, and every rank parses them (so every rank throws the same error for a bad file).
 /// Reading a matrix: one `MPI_File_read_at_all` in which only the first copy of each block is
 /// read (ranks on a Replicate mesh dimension other than coordinate 0 read nothing), then one
-/// broadcast per replica group. Writing a new file: the bytes of every untouched tensor (and
-/// the header) are copied in equal contiguous parts by all ranks, each replaced matrix is written
-/// by the first copies with one `MPI_File_write_at_all`, then fsync, close and a rename: the
-/// file appears complete under its name or not at all.
+/// broadcast per replica group; a layout that splits columns is read as blocks of whole rows
+/// (one contiguous read per rank) and redistributed in memory. Writing a new file: the bytes of
+/// every untouched tensor (and the header) are copied in equal contiguous parts by all ranks, each
+/// replaced matrix is written by the first copies with one `MPI_File_write_at_all`, then fsync,
+/// close and a rename: the file appears complete under its name or not at all.
 ///
 /// Files are untrusted input: the header is validated before any size in it is used (see
 /// safetensors_header.hpp), and every rank throws the same `kshard::error`, with nothing
@@ -61,6 +62,8 @@
 #include "kshard/io/io_stats.hpp"
 #include "kshard/io/safetensors_header.hpp"
 #include "kshard/mesh.hpp"
+#include "kshard/placement.hpp"
+#include "kshard/redistribute.hpp"
 
 namespace kshard::io {
 
@@ -275,11 +278,11 @@ void transfer(File& file, MPI_Offset offset, const ShardTypes& types, void* data
 
 namespace detail {
 
-// The collective read of `entry` into `matrix`, whose shape and dtype were agreed on: the
-// first copies read their blocks, the replicas receive them by broadcast.
+// The collective read of `entry` into `matrix` through file views of its blocks: the first
+// copies read their blocks, the replicas receive them by broadcast.
 template <class ExecSpace, class M>
-void read_shard(const ExecSpace& space, const SafetensorsFile& file, const TensorEntry& entry,
-                const M& matrix) {
+void read_blocks(const ExecSpace& space, const SafetensorsFile& file, const TensorEntry& entry,
+                 const M& matrix) {
   using L = typename M::layout_type;
   const auto& mesh = matrix.mesh();
   const auto host = kshard::detail::host_mirror(matrix.local());
@@ -306,12 +309,69 @@ void read_shard(const ExecSpace& space, const SafetensorsFile& file, const Tenso
   }
 }
 
+// The layout of N mesh dimensions that splits rows over all of them: whole-row blocks, one
+// contiguous stretch of a row-major tensor per rank.
+template <class Index>
+using row_block_placement_t = Shard<0>;
+template <std::size_t... M>
+Layout<row_block_placement_t<std::integral_constant<std::size_t, M>>...> row_blocks_layout(
+    std::index_sequence<M...>);
+template <std::size_t N>
+using row_blocks_t = decltype(row_blocks_layout(std::make_index_sequence<N>{}));
+
+// Whether a shard of `matrix` holds pieces of the tensor's rows on disk: a mesh dimension of
+// more than one rank splits its columns (the same answer on every rank).
+template <class M>
+bool holds_pieces_of_rows(const M& matrix) {
+  using L = typename M::layout_type;
+  for (std::size_t m = 0; m < L::rank; ++m)
+    if (L::tensor_dims[m] == 1 && matrix.mesh().shape()[m] > 1) return true;
+  return false;
+}
+
+// The collective read of `entry` into `matrix`, whose shape and dtype were agreed on. A layout
+// that splits columns would have every rank read a piece of every row, which MPI-IO serves
+// slower than a loop of preads (30522 x 384 F32 on 2 ranks, page-cached: 39 ms through Open
+// MPI's OMPIO, 23 ms through ROMIO and for the preads) and a parallel file system slower still.
+// It reads whole-row blocks instead, one contiguous read per rank, and redistributes them in
+// memory (there: 1.35-1.48x the preads through OMPIO, from 1.54x, and 1.05x through ROMIO, from
+// 1.35x; the fresh pages of the block and of the move's buffer are most of the rest), holding
+// one row block per rank and the move's buffers meanwhile. Other layouts read their blocks
+// directly.
+template <class ExecSpace, class M>
+void read_shard(const ExecSpace& space, const SafetensorsFile& file, const TensorEntry& entry,
+                const M& matrix) {
+  if (!holds_pieces_of_rows(matrix)) {
+    read_blocks(space, file, entry, matrix);
+    return;
+  }
+  using Blocks = row_blocks_t<M::layout_type::rank>;
+  using BlockMatrix = DistMatrix<typename M::value_type, Blocks, typename M::execution_space,
+                                 typename M::memory_space>;
+  const auto& mesh = matrix.mesh();
+  // Left unfilled (the read overwrites it); an allocation that fails anywhere fails everywhere.
+  typename BlockMatrix::view_type local;
+  agree(mesh.group(), attempt([&] {
+          const auto map = map_layout(Blocks{}.actions(), mesh.shape(), mesh.coords(),
+                                      matrix.rows(), matrix.cols());
+          local = typename BlockMatrix::view_type(
+              Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kshard::io::row_blocks"),
+              static_cast<std::size_t>(map.rows.local_extent()),
+              static_cast<std::size_t>(map.cols.local_extent()));
+        }));
+  const BlockMatrix blocks(mesh, Blocks{}, matrix.rows(), matrix.cols(), local);
+  read_blocks(space, file, entry, blocks);
+  redistribute_into(space, blocks, matrix);
+}
+
 }  // namespace detail
 
 /// Reads tensor `name` of `file` as a `DistMatrix<T, L, ExecSpace, MemSpace>` over `mesh`:
 /// each rank that holds the first copy of a block reads exactly that block's bytes (one
-/// `MPI_File_read_at_all` through a datatype built from the mapping's runs); the replicas
-/// receive it by broadcast. Collective over the mesh. Every rank throws the same
+/// `MPI_File_read_at_all` through a datatype built from the mapping's runs), or, for a layout
+/// that splits columns over more than one rank, its block of whole rows, which one
+/// `redistribute_into` then moves to the layout (memory: that block and the move's buffers);
+/// the replicas receive it by broadcast. Collective over the mesh. Every rank throws the same
 /// `kshard::error`, with nothing allocated, for a missing tensor, a dtype other than T's, a
 /// shape that is not 2-D, layouts, names or element types that differ between ranks, and a
 /// file that is shorter than its header says. Copies to device memory run on `space`.
