@@ -113,10 +113,10 @@ std::int64_t first_copy_bytes(const M& matrix) {
 // The bytes of this rank's block of whole rows (rows split over every mesh dimension).
 template <class M>
 std::int64_t row_block_bytes(const M& matrix) {
-  using Blocks = io::detail::row_blocks_t<M::mesh_rank>;
-  const kshard::DistMatrix<typename M::value_type, Blocks, ExecSpace, MemSpace> blocks(
-      matrix.mesh(), Blocks{}, matrix.rows(), matrix.cols());
-  return blocks.mapping().local_size() * static_cast<std::int64_t>(sizeof(typename M::value_type));
+  const auto& mesh = matrix.mesh();
+  const auto blocks = kshard::map_layout(io::detail::row_blocks_t<M::mesh_rank>{}.actions(),
+                                         mesh.shape(), mesh.coords(), matrix.rows(), matrix.cols());
+  return blocks.local_size() * static_cast<std::int64_t>(sizeof(typename M::value_type));
 }
 
 template <class T, class M>
@@ -190,6 +190,10 @@ TEST(SafetensorsMpi, ReadsEveryElementType) {
   const kshard::Layout layout(kshard::Replicate{}, kshard::Shard<0>{});
   round_trip<double>(scratch, mesh, layout, 11, 3);
   round_trip<kshard::bf16>(scratch, mesh, layout, 5, 8);
+  // Split columns: read as row blocks and redistributed, for every element type.
+  const kshard::Layout columns(kshard::Shard<1>{}, kshard::Shard<1>{});
+  round_trip<double>(scratch, mesh, columns, 11, 7);
+  round_trip<kshard::bf16>(scratch, mesh, columns, 5, 9);
   // Empty shards (more ranks than rows) and an empty matrix.
   round_trip<float>(scratch, mesh, kshard::Layout(kshard::Shard<1>{}, kshard::Shard<0>{}), 1, 1);
   round_trip<float>(scratch, mesh, layout, 0, 4);

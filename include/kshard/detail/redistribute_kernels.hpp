@@ -188,9 +188,6 @@ struct DeviceMoves {
   }
 };
 
-// dst[m.to + j] = (m.source == 0 ? src0 : src1)[m.from + j] for every run m. On host spaces one
-// iteration per run (a straight loop the compiler vectorises); elsewhere one team per run, its
-// threads on consecutive elements.
 // out[0, count) = src[0, count), the two not overlapping: said to the compiler, which then
 // copies without checking for overlap first (1.1-1.2x faster on large runs).
 template <class T>
@@ -199,6 +196,9 @@ KOKKOS_INLINE_FUNCTION void copy_run(T* KOKKOS_RESTRICT out, const T* KOKKOS_RES
   for (index_t j = 0; j < count; ++j) out[j] = src[j];
 }
 
+// dst[m.to + j] = (m.source == 0 ? src0 : src1)[m.from + j] for every run m. On host spaces one
+// iteration per run (a straight loop the compiler vectorises); elsewhere one team per run, its
+// threads on consecutive elements.
 template <class T, class Moves>
 struct RunMoves {
   Moves moves;

@@ -50,7 +50,7 @@ inline constexpr bool is_host_space_v =
 
 // bf16 and fp32 rows on the host: one fp64 add chain per accumulator caps a core below the
 // memory's speed unless a row is spread over many, so the sum runs over 32 fp64 accumulators
-// (`bf16_lane` and `float_lane` say which one takes each element of a block of 32), summed at
+// (`row_lane` says which one takes each element of a block of 32), summed at
 // the end in one fixed order. Every path below (AVX-512, AVX2, portable) computes the same
 // additions in the same order, so they give bit-identical norms whichever the CPU runs (replicas
 // of a row on different CPUs agree). Eight accumulators were conversion-bound for bf16 at 0.38x
@@ -74,12 +74,10 @@ KOKKOS_INLINE_FUNCTION constexpr int bf16_lane(int k) {
   return (k & 16) | ((k & 1) << 3) | ((k >> 1) & 7);
 }
 
-// The accumulator of fp32 element k of a block of 32: its own (the x86 forms widen consecutive
-// elements).
-KOKKOS_INLINE_FUNCTION constexpr int float_lane(int k) { return k; }
-
+// The accumulator of element k of a block of 32 of a bf16 row (bf16_lane) or an fp32 row (its
+// own: the x86 forms widen consecutive fp32 elements).
 KOKKOS_INLINE_FUNCTION constexpr int row_lane(const bf16*, int k) { return bf16_lane(k); }
-KOKKOS_INLINE_FUNCTION constexpr int row_lane(const float*, int k) { return float_lane(k); }
+KOKKOS_INLINE_FUNCTION constexpr int row_lane(const float*, int k) { return k; }
 
 // The fixed final order: halves, then quarters, ..., then the remainder-free total.
 KOKKOS_INLINE_FUNCTION double sum_lanes(double (&a)[row_lanes]) {
