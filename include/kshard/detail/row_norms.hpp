@@ -159,16 +159,20 @@ struct Ymm4 {
   __m256d c0, c1, c2, c3;
 };
 
+// The last steps of sum_lanes' order on the four lanes left: halves of 2, then the last pair.
+KSHARD_TARGET_AVX2 inline double sum_four_lanes(__m256d four) {
+  const __m128d two = _mm_add_pd(_mm256_castpd256_pd128(four), _mm256_extractf128_pd(four, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(two, _mm_unpackhi_pd(two, two)));
+}
+
 // The lanes' sum in sum_lanes' order, by vector adds of the same pairs: halves of 16 lanes
-// (zmm 0 + 2, 1 + 3), of 8, of 4, of 2, then the last pair.
+// (zmm 0 + 2, 1 + 3), of 8, of 4, then sum_four_lanes.
 KSHARD_TARGET_AVX512 inline double sum_lanes_avx512(const Zmm4& c) {
   const __m512d eight = _mm512_add_pd(_mm512_add_pd(c.c0, c.c2), _mm512_add_pd(c.c1, c.c3));
   // Masked extracts (the cast too is one in GCC 12): its unmasked one warns about its own
   // pass-through, as in to_double.
-  const __m256d four = _mm256_add_pd(_mm512_maskz_extractf64x4_pd(0xf, eight, 0),
-                                     _mm512_maskz_extractf64x4_pd(0xf, eight, 1));
-  const __m128d two = _mm_add_pd(_mm256_castpd256_pd128(four), _mm256_extractf128_pd(four, 1));
-  return _mm_cvtsd_f64(_mm_add_sd(two, _mm_unpackhi_pd(two, two)));
+  return sum_four_lanes(_mm256_add_pd(_mm512_maskz_extractf64x4_pd(0xf, eight, 0),
+                                      _mm512_maskz_extractf64x4_pd(0xf, eight, 1)));
 }
 
 // The row's sum: the lanes, plus the `count` elements after the last whole block at `rest`.
@@ -212,15 +216,11 @@ KSHARD_TARGET_AVX512 inline double row_squared_norm_avx512(const float* row, ind
   return finish_avx512({c0, c1, c2, c3}, row + j, static_cast<int>(cols - j));
 }
 
-// AVX2 converts four floats to double per instruction: the same lanes in eight ymm accumulators
-// of four. The conversions cap a core at about 0.7 of memory bandwidth for bf16.
-// sum_lanes' order by vector adds of the same pairs, as sum_lanes_avx512.
+// sum_lanes' order by vector adds of the same pairs, as sum_lanes_avx512, on ymm halves.
 KSHARD_TARGET_AVX2 inline double sum_lanes_avx2(const Ymm4& low, const Ymm4& high) {
-  const __m256d four =
+  return sum_four_lanes(
       _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(low.c0, high.c0), _mm256_add_pd(low.c2, high.c2)),
-                    _mm256_add_pd(_mm256_add_pd(low.c1, high.c1), _mm256_add_pd(low.c3, high.c3)));
-  const __m128d two = _mm_add_pd(_mm256_castpd256_pd128(four), _mm256_extractf128_pd(four, 1));
-  return _mm_cvtsd_f64(_mm_add_sd(two, _mm_unpackhi_pd(two, two)));
+                    _mm256_add_pd(_mm256_add_pd(low.c1, high.c1), _mm256_add_pd(low.c3, high.c3))));
 }
 
 template <class T>
@@ -247,6 +247,8 @@ KSHARD_TARGET_AVX2 inline __m256d high_to_double(__m256 f) {
   return _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
 }
 
+// AVX2 converts four floats to double per instruction: the same lanes in eight ymm accumulators
+// of four. The conversions cap a core at about 0.7 of memory bandwidth for bf16.
 KSHARD_TARGET_AVX2 inline double row_squared_norm_avx2(const bf16* row, index_t cols) {
   index_t j = 0;
   __m256d c0 = _mm256_setzero_pd(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
