@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <fstream>
@@ -138,7 +139,15 @@ Paired time_paired(MPI_Comm comm, int repetitions, Case&& run_case, Baseline&& r
       comm, repetitions, [] {}, run_case, run_baseline);
 }
 
-// `run` with the collective watchdog on (its collectives polled), to time against `run` alone.
+// `run` `times` times in a row.
+template <class Run>
+auto batched(int times, const Run& run) {
+  return [times, &run] {
+    for (int k = 0; k < times; ++k) run();
+  };
+}
+
+// `run` with the collective watchdog on (its collectives watched), to time against `run` alone.
 template <class Run>
 auto watched(Run run) {
   return [run] {
@@ -146,6 +155,23 @@ auto watched(Run run) {
     run();
     kshard::set_collective_timeout(0);
   };
+}
+
+// One call of `run` with the watchdog on against one with it off. The target (3%) is finer than
+// the noise of a plain pairing: on a busy 2-core machine one pair's ratio scatters by 5% (sd),
+// and two runs of the same 18 ms copy differed by up to 8% over 9 pairs. So each sample runs
+// `run` often enough to last 10 ms, and there are 10 pairs per repetition (90 by default: the
+// median's standard error is then about 0.6%). Collective (the batch is the slowest rank's).
+template <class Run>
+Paired time_watchdog(MPI_Comm comm, int repetitions, const Run& run) {
+  run();  // warm-up, so that the call timed below is a steady one
+  const double once = time_once(comm, run);
+  const int batch = std::clamp(static_cast<int>(std::ceil(0.01 / once)), 1, 1000);
+  const auto watched_run = watched(run);
+  auto t = time_paired(comm, 10 * repetitions, batched(batch, watched_run), batched(batch, run));
+  t.seconds /= batch;
+  t.baseline /= batch;
+  return t;
 }
 
 // Peak resident set size of the largest rank of `comm`, in MiB (Linux; collective).

@@ -72,14 +72,6 @@ std::string fields(index_t rows, index_t cols, const kshard::bench::Paired& t, s
       static_cast<double>(rows * cols) * sizeof(float) / t.seconds / 1e9);
 }
 
-// `run` `times` times in a row.
-template <class Run>
-auto batched(int times, const Run& run) {
-  return [times, &run] {
-    for (int k = 0; k < times; ++k) run();
-  };
-}
-
 // Bytes this rank sends in one call of `run` (kshard's own counters).
 template <class Run>
 std::int64_t bytes_of(Run&& run) {
@@ -140,11 +132,9 @@ void shard_to_replicate(kshard::bench::Report& report, const kshard::Mesh<1>& me
               R"(, "fresh_seconds": {:.6g}, "fresh_baseline_seconds": {:.6g}, "ratio_fresh": {:.4g})",
               t_fresh.seconds, t_fresh.baseline, t_fresh.ratio));  // target: ratio <= 1.10
 
-  // The same redistribute_into with the collective watchdog on (its collectives polled) against
-  // it off.
-  const auto watched_into_call = kshard::bench::watched(into_call);
-  const auto t_watchdog = kshard::bench::time_paired(comm, reps, watched_into_call, into_call);
-  watched_into_call();
+  // The same redistribute_into with the collective watchdog on against it off.
+  const auto t_watchdog = kshard::bench::time_watchdog(comm, reps, into_call);
+  kshard::bench::watched(into_call)();
   verify(persistent, comm, "Shard<0> -> Replicate into a persistent matrix under the watchdog");
   report.add("watchdog", fields(rows, cols, t_watchdog, bytes));  // target: ratio <= 1.03
 }
@@ -356,8 +346,8 @@ void plan_case(kshard::bench::Report& report, const std::string& name, const ksh
   const int batch = small ? 64 : 1;
   const int repetitions = small ? 25 * reps : reps;  // microseconds: more samples
   const auto per_move = [&](const auto& run_case, const auto& run_baseline) {
-    auto t = kshard::bench::time_paired(comm, repetitions, batched(batch, run_case),
-                                        batched(batch, run_baseline));
+    auto t = kshard::bench::time_paired(comm, repetitions, kshard::bench::batched(batch, run_case),
+                                        kshard::bench::batched(batch, run_baseline));
     t.seconds /= batch;
     t.baseline /= batch;
     return t;
