@@ -5,6 +5,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstddef>
 #include <type_traits>
 
 #include "kshard/bfloat16.hpp"
@@ -64,6 +65,13 @@ inline constexpr bool is_host_space_v =
 // and lies within its range; in float it would overflow above 2^64 and lose bits below 2^-63,
 // which is why the square is not taken in float).
 inline constexpr int row_lanes = 32;
+
+// The x86 kernels request into the caches, a line at a time, the memory this many bytes past a
+// block of row_lanes elements: what the kernel reads about 8 KiB later (the next rows' near a row's
+// end). With the hardware prefetcher alone, a Zen 5 core read a large table at 20-25 GB/s and
+// these kernels ran at 23-26; asking for memory 8 KiB ahead, a plain read reached 27-30 and the
+// kernels 30 (bf16) and 31 (fp32). A prefetch never faults, past the table's end either.
+inline constexpr std::size_t prefetch_distance = 8192;
 
 // The accumulator of bf16 element k of a block of 32: within each half of 16, the even elements
 // go to its first eight accumulators and the odd ones to the next eight. That is the order in
@@ -136,6 +144,14 @@ KSHARD_TARGET_AVX2 inline Bf16x16 bf16x16_to_float(const void* p) {
           _mm256_castsi256_ps(_mm256_and_si256(raw, high_halves))};
 }
 
+// Every line of the block prefetch_distance bytes past `block` of row_lanes elements, into L1.
+template <class T>
+KSHARD_TARGET_AVX2 inline void prefetch_ahead(const T* block) {
+  const char* ahead = reinterpret_cast<const char*>(block) + prefetch_distance;
+  for (std::size_t line = 0; line < row_lanes * sizeof(T); line += 64)
+    _mm_prefetch(ahead + line, _MM_HINT_T0);
+}
+
 // acc + v * v: the product of two bf16- or fp32-valued doubles is exact, so the fused
 // multiply-add rounds once, as the portable form's add of the exact square does (the same bits).
 KSHARD_TARGET_AVX2 inline __m256d add_square(__m256d acc, __m256d v) {
@@ -193,6 +209,7 @@ KSHARD_TARGET_AVX512 inline double row_squared_norm_avx512(const bf16* row, inde
   index_t j = 0;
   __m512d c0 = _mm512_setzero_pd(), c1 = c0, c2 = c0, c3 = c0;
   for (; j + row_lanes <= cols; j += row_lanes) {
+    prefetch_ahead(row + j);
     const Bf16x16 low = bf16x16_to_float(row + j);
     const Bf16x16 high = bf16x16_to_float(row + j + 16);
     c0 = add_square(c0, to_double(low.even));
@@ -208,6 +225,7 @@ KSHARD_TARGET_AVX512 inline double row_squared_norm_avx512(const float* row, ind
   index_t j = 0;
   __m512d c0 = _mm512_setzero_pd(), c1 = c0, c2 = c0, c3 = c0;
   for (; j + row_lanes <= cols; j += row_lanes) {
+    prefetch_ahead(row + j);
     c0 = add_square(c0, to_double(_mm256_loadu_ps(row + j)));
     c1 = add_square(c1, to_double(_mm256_loadu_ps(row + j + 8)));
     c2 = add_square(c2, to_double(_mm256_loadu_ps(row + j + 16)));
@@ -253,6 +271,7 @@ KSHARD_TARGET_AVX2 inline double row_squared_norm_avx2(const bf16* row, index_t 
   index_t j = 0;
   __m256d c0 = _mm256_setzero_pd(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
   for (; j + row_lanes <= cols; j += row_lanes) {
+    prefetch_ahead(row + j);
     const Bf16x16 first = bf16x16_to_float(row + j);
     const Bf16x16 second = bf16x16_to_float(row + j + 16);
     c0 = add_square(c0, low_to_double(first.even));
@@ -271,6 +290,7 @@ KSHARD_TARGET_AVX2 inline double row_squared_norm_avx2(const float* row, index_t
   index_t j = 0;
   __m256d c0 = _mm256_setzero_pd(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
   for (; j + row_lanes <= cols; j += row_lanes) {
+    prefetch_ahead(row + j);
     c0 = add_square(c0, _mm256_cvtps_pd(_mm_loadu_ps(row + j)));
     c1 = add_square(c1, _mm256_cvtps_pd(_mm_loadu_ps(row + j + 4)));
     c2 = add_square(c2, _mm256_cvtps_pd(_mm_loadu_ps(row + j + 8)));
