@@ -77,7 +77,9 @@ std::uint64_t stream_read(const typename Matrix<T>::view_type& local) {
         for (index_t line = b * block; line < end; ++line) {
           const unsigned char* at = bytes + 64 * line;
 #if !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
-          __builtin_prefetch(at + kshard::detail::prefetch_distance);
+          // As an integer: the address may lie past the table's end.
+          __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(at) +
+                                                           kshard::detail::prefetch_distance));
 #endif
           for (int k = 0; k < 8; ++k) {
             std::uint64_t word;

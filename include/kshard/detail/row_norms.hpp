@@ -6,6 +6,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include "kshard/bfloat16.hpp"
@@ -145,11 +146,13 @@ KSHARD_TARGET_AVX2 inline Bf16x16 bf16x16_to_float(const void* p) {
 }
 
 // Every line of the block prefetch_distance bytes past `block` of row_lanes elements, into L1.
+// (The address is computed as an integer: it may lie past the end of the table, where pointer
+// arithmetic would be undefined.)
 template <class T>
 KSHARD_TARGET_AVX2 inline void prefetch_ahead(const T* block) {
-  const char* ahead = reinterpret_cast<const char*>(block) + prefetch_distance;
+  const std::uintptr_t ahead = reinterpret_cast<std::uintptr_t>(block) + prefetch_distance;
   for (std::size_t line = 0; line < row_lanes * sizeof(T); line += 64)
-    _mm_prefetch(ahead + line, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
 }
 
 // acc + v * v: the product of two bf16- or fp32-valued doubles is exact, so the fused
