@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -99,6 +100,28 @@ std::vector<std::byte> checkpoint_image(const kshard::HostMatrix<T>& weight) {
   file.insert(file.end(), weight_bytes.begin(), weight_bytes.end());
   for (std::size_t i = 0; i < 32 + 4 * sizeof(T); ++i)
     file.push_back(static_cast<std::byte>(i * 7));
+  return file;
+}
+
+// A shard of a sharded checkpoint: `weight` alone, or zero-filled `specs` (no tensor is in two
+// shards).
+template <class T>
+std::vector<std::byte> weight_file(const kshard::HostMatrix<T>& weight) {
+  const std::vector<io::TensorSpec> specs{
+      {"weight",
+       io::dtype_of<T>(),
+       {static_cast<std::int64_t>(weight.extent(0)), static_cast<std::int64_t>(weight.extent(1))}}};
+  const auto header = io::make_safetensors_header(specs, {});
+  std::vector<std::byte> file = io::serialize_safetensors_header(header);
+  const auto weight_bytes = bytes_of(weight);
+  file.insert(file.end(), weight_bytes.begin(), weight_bytes.end());
+  return file;
+}
+
+std::vector<std::byte> zero_file(const std::vector<io::TensorSpec>& specs) {
+  const auto header = io::make_safetensors_header(specs, {});
+  std::vector<std::byte> file = io::serialize_safetensors_header(header);
+  file.resize(file.size() + header.data_size);
   return file;
 }
 
@@ -433,8 +456,8 @@ TEST(SafetensorsMpi, OpensShardedCheckpointFolders) {
   if (kshard::test::world_rank() == 0) fs::create_directories(folder);
   const auto full = kshard::test::reference_matrix<float>(5, 3, 37);
   write_file(folder / "a.safetensors",
-             checkpoint_image(kshard::test::reference_matrix<float>(2, 2, 1)));
-  write_file(folder / "b.safetensors", checkpoint_image(full));
+             zero_file({{"odd", io::Dtype::U8, {3}}, {"after", io::Dtype::F64, {4}}}));
+  write_file(folder / "b.safetensors", weight_file(full));
   const std::string index = R"({"metadata": {}, "weight_map": {"weight": "b.safetensors",
       "odd": "a.safetensors", "after": "a.safetensors"}})";
   write_text(folder / "model.safetensors.index.json", index);
@@ -474,6 +497,77 @@ TEST(SafetensorsMpi, OpensShardedCheckpointFolders) {
   const std::string missing = kshard::test::collective_error(
       [&] { static_cast<void>(io::Checkpoint(line, scratch / "nothing")); });
   EXPECT_NE(missing.find("cannot open"), std::string::npos) << missing;
+}
+
+// Checkpoints that lie in ways a header check alone does not see: JSON nested deeper than any
+// message may render, ids past int64, a tensor in two shards, a FIFO in place of a file, and
+// ranks that find different files under one path (node-local copies); each refused alike, and
+// a single file's config.json read from its folder.
+TEST(SafetensorsMpi, RefusesCheckpointsThatLieAlike) {
+  const Scratch scratch;
+  const kshard::Mesh<1> line(MPI_COMM_WORLD, {kshard::test::world_size()});
+  const int rank = kshard::test::world_rank();
+  const fs::path folder = scratch / "model";
+  if (rank == 0) fs::create_directories(folder);
+  const auto small = kshard::test::reference_matrix<float>(4, 2, 5);
+  write_file(folder / "a.safetensors", weight_file(small));
+  write_file(folder / "b.safetensors", checkpoint_image(small));  // "weight" again
+  const auto refused = [&](const fs::path& path, const std::string& phrase) {
+    const std::string message =
+        kshard::test::collective_error([&] { static_cast<void>(io::Checkpoint(line, path)); });
+    EXPECT_NE(message.find(phrase), std::string::npos) << message;
+    EXPECT_LT(message.size(), 1000u) << "an error message must not echo the file";
+  };
+
+  write_text(folder / "model.safetensors.index.json",
+             R"({"weight_map": {"weight": "a.safetensors", "twin": "b.safetensors"}})");
+  refused(folder, "tensor 'weight' is in '" + (folder / "a.safetensors").string() + "' and in '" +
+                      (folder / "b.safetensors").string() + "'");
+
+  fs::remove(folder / "model.safetensors.index.json");
+  write_file(folder / "model.safetensors", checkpoint_image(small));
+  const std::string deep(200000, '[');  // recursing through it overflows the stack
+  write_text(folder / "config.json", R"({"pad_token_id": )" + deep + "]}");
+  refused(folder, "not valid JSON");
+  write_text(folder / "config.json",
+             R"({"pad_token_id": )" + deep + std::string(200000, ']') + "}");
+  refused(folder, "\"pad_token_id\" is an array, not an integer");
+  write_text(folder / "config.json", R"({"pad_token_id": 18446744073709551611})");
+  refused(folder, "18446744073709551611, more than the largest id 9223372036854775807");
+  write_text(folder / "config.json", R"({"pad_token_id": -1})");
+  EXPECT_FALSE(io::Checkpoint(line, folder).config().pad_token_id.has_value());
+  write_text(folder / "config.json", R"({"pad_token_id": 2})");
+  EXPECT_EQ(io::Checkpoint(line, folder / "a.safetensors").config().pad_token_id, 2)
+      << "a single file's config.json is its folder's";
+
+  if (rank == 0) {
+    EXPECT_EQ(::mkfifo((scratch / "fifo").c_str(), 0600), 0);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  refused(scratch / "fifo", "is not a regular file");  // not a wait for a writer
+
+  // The same relative path names another file on rank 1 (its own working directory).
+  const fs::path mine = scratch / fmt::format("rank{}", rank);
+  fs::create_directories(mine);
+  const auto other = kshard::test::reference_matrix<float>(rank == 1 ? 3 : 4, 2, 5);
+  {
+    std::ofstream out(mine / "m.safetensors", std::ios::binary);
+    const auto bytes = checkpoint_image(other);
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
+  }
+  const fs::path home = fs::current_path();
+  fs::current_path(mine);
+  const std::string message = kshard::test::collective_error(
+      [&] { static_cast<void>(io::Checkpoint(line, "m.safetensors")); });
+  fs::current_path(home);
+  if (kshard::test::world_size() > 1) {
+    EXPECT_NE(message.find("the size of 'm.safetensors' differs between ranks"),
+              std::string::npos)
+        << message;
+  } else {
+    EXPECT_EQ(message, "");
+  }
 }
 
 }  // namespace

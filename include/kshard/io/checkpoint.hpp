@@ -5,16 +5,19 @@
 /// or shards listed by `model.safetensors.index.json` (its `weight_map` names each tensor's
 /// file), with the `config.json` fields the repair needs.
 ///
-///     kshard::io::Checkpoint model(mesh, "path/to/model");   // collective; rank 0 reads
+///     kshard::io::Checkpoint model(mesh, "path/to/model");   // collective
 ///     const auto& file = model.file_of("model.embed_tokens.weight");
 ///     auto pad = model.config().pad_token_id;
 ///
-/// Opening costs one header read per file (rank 0) and one broadcast per JSON file; every rank
-/// throws the same `kshard::error` for a missing path, an index that is not JSON, names a file
-/// outside the folder or a tensor its file lacks, and a config.json field of the wrong type.
+/// A single file's `config.json` is the one in its folder. Opening costs one header read per
+/// file on every rank (ranks that see different files under one path are refused) and one
+/// broadcast per JSON file; every rank throws the same `kshard::error` for a missing path, an
+/// index that is not JSON, names a file outside the folder or a tensor its file lacks, a tensor
+/// in two shards, and a config.json field of the wrong type or range.
 
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -34,7 +37,9 @@ namespace kshard::io {
 /// The `config.json` fields kshard uses; each unset when absent or null.
 struct ModelConfig {
   std::optional<bool> tie_word_embeddings;  ///< the LM head shares the input embedding's storage
-  std::optional<index_t> pad_token_id;      ///< the padding id (zeroed on purpose in many models)
+  /// The padding id (zeroed on purpose in many models); also unset when negative (Hugging Face
+  /// writes -1 for none).
+  std::optional<index_t> pad_token_id;
   std::optional<index_t> vocab_size;        ///< the tokenizer's vocabulary size
 };
 
@@ -93,7 +98,16 @@ inline nlohmann::json parse_json(const std::string& text, const std::filesystem:
   }
 }
 
-// Field `key` of `config` as T, unset when absent or null, an error when of another type.
+// A JSON value for an error message: a scalar as written (a string shortened), a container
+// by its kind only (dumping one recurses as deep as the file nests, and may be megabytes).
+inline std::string json_text(const nlohmann::json& value) {
+  if (value.is_string()) return "\"" + printable(value.get_ref<const std::string&>(), 64) + "\"";
+  if (value.is_structured()) return fmt::format("an {}", value.type_name());
+  return value.dump();
+}
+
+// Field `key` of `config` as T, unset when absent or null, an error when of another type or,
+// for an integer, past int64's range.
 template <class T>
 std::optional<T> config_field(const nlohmann::json& config, const char* key,
                               const std::filesystem::path& path) {
@@ -102,7 +116,13 @@ std::optional<T> config_field(const nlohmann::json& config, const char* key,
   const bool fits = std::is_same_v<T, bool> ? it->is_boolean() : it->is_number_integer();
   if (!fits)
     throw error(fmt::format("kshard::io: '{}' field \"{}\" is {}, not {}", path.string(), key,
-                            it->dump(), std::is_same_v<T, bool> ? "true or false" : "an integer"));
+                            json_text(*it), std::is_same_v<T, bool> ? "true or false" : "an integer"));
+  if constexpr (!std::is_same_v<T, bool>)
+    if (it->is_number_unsigned() &&
+        it->template get<std::uint64_t>() >
+            static_cast<std::uint64_t>(std::numeric_limits<T>::max()))
+      throw error(fmt::format("kshard::io: '{}' field \"{}\" is {}, more than the largest id {}",
+                              path.string(), key, it->dump(), std::numeric_limits<T>::max()));
   return it->template get<T>();
 }
 
@@ -110,8 +130,9 @@ inline ModelConfig parse_config(const std::string& text, const std::filesystem::
   const nlohmann::json config = parse_json(text, path);
   if (!config.is_object())
     throw error(fmt::format("kshard::io: '{}' is not a JSON object", path.string()));
-  return {config_field<bool>(config, "tie_word_embeddings", path),
-          config_field<index_t>(config, "pad_token_id", path),
+  auto pad = config_field<index_t>(config, "pad_token_id", path);
+  if (pad && *pad < 0) pad.reset();  // Hugging Face configs write -1 for "no padding token"
+  return {config_field<bool>(config, "tie_word_embeddings", path), pad,
           config_field<index_t>(config, "vocab_size", path)};
 }
 
@@ -129,7 +150,7 @@ inline std::map<std::string, std::string> parse_weight_map(const std::string& te
       throw error(
           fmt::format("kshard::io: '{}' maps tensor {} to {}, which is not a file name "
                       "in the checkpoint's folder",
-                      path.string(), in_quotes(tensor), file.dump()));
+                      path.string(), in_quotes(tensor), json_text(file)));
     result.emplace(tensor, name);
   }
   return result;
@@ -155,18 +176,18 @@ class Checkpoint {
     std::int64_t is_folder = mesh.my_rank() == 0 && std::filesystem::is_directory(path_, ec);
     group.bcast(&is_folder, 1, 0);
     folder_ = is_folder != 0;
+    // A single file's config.json is the one beside it, as in a checkpoint folder.
+    const auto folder = folder_ ? path_ : path_.parent_path();
+    if (auto text = detail::read_small_file(group, folder / "config.json"))
+      config_ = detail::parse_config(*text, folder / "config.json");
     if (!folder_) {
-      files_.emplace_back(mesh, path_);
-      for (const auto& tensor : files_[0].header().tensors) file_index_[tensor.name] = 0;
+      open_single(mesh, path_);
       return;
     }
-    if (auto text = detail::read_small_file(group, path_ / "config.json"))
-      config_ = detail::parse_config(*text, path_ / "config.json");
     const auto index_path = path_ / safetensors_index_name;
     const auto index = detail::read_small_file(group, index_path);
     if (!index) {
-      files_.emplace_back(mesh, path_ / safetensors_single_name);
-      for (const auto& tensor : files_[0].header().tensors) file_index_[tensor.name] = 0;
+      open_single(mesh, path_ / safetensors_single_name);
       return;
     }
     const auto weight_map = detail::parse_weight_map(*index, index_path);
@@ -181,6 +202,7 @@ class Checkpoint {
                         index_path.string(), detail::in_quotes(tensor), file));
       file_index_[tensor] = it->second;
     }
+    refuse_second_copies(index_path);
   }
 
   /// The path it was opened from.
@@ -212,6 +234,28 @@ class Checkpoint {
   }
 
  private:
+  template <std::size_t N>
+  void open_single(const Mesh<N>& mesh, const std::filesystem::path& file) {
+    files_.emplace_back(mesh, file);
+    for (const auto& tensor : files_[0].header().tensors) file_index_[tensor.name] = 0;
+  }
+
+  // A tensor the index maps to one shard but that another shard holds too: a repair would
+  // change one copy and leave the other, which a loader reading every shard may take. The
+  // headers are the same on every rank, so is the error.
+  void refuse_second_copies(const std::filesystem::path& index_path) const {
+    for (std::size_t f = 0; f < files_.size(); ++f)
+      for (const auto& tensor : files_[f].header().tensors) {
+        const auto mapped = file_index_.find(tensor.name);
+        if (mapped != file_index_.end() && mapped->second != f)
+          throw error(fmt::format(
+              "kshard::io: tensor {} is in '{}' and in '{}' ('{}' names the first); a "
+              "tensor must be in one shard only",
+              detail::in_quotes(tensor.name), files_[mapped->second].path().string(),
+              files_[f].path().string(), index_path.string()));
+      }
+  }
+
   std::filesystem::path path_;
   bool folder_ = false;
   ModelConfig config_;

@@ -115,7 +115,8 @@ inline std::optional<std::string> pread_exactly(int fd, void* data, std::uint64_
 // Rank 0's read of the length prefix and the header JSON (the only bytes a header needs).
 inline HeaderBytes read_header_bytes(const std::string& path) {
   HeaderBytes result;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer; fstat then refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     result.problem = fmt::format("kshard::io: cannot open '{}': {}", path, std::strerror(errno));
     return result;
@@ -159,24 +160,34 @@ inline void broadcast_bytes(void* data, std::uint64_t size, const kshard::comm::
 /// file handle (reads and writes open the file on the mesh they use).
 class SafetensorsFile {
  public:
-  /// Collective over `mesh`: rank 0 reads and broadcasts the header, every rank validates it.
-  /// Every rank throws the same `kshard::error` for a path that differs between ranks, a file
-  /// that cannot be opened, and any header parse_safetensors_header refuses.
+  /// Collective over `mesh`: every rank reads the header and validates it. Every rank throws
+  /// the same `kshard::error` for a path that differs between ranks, a file that cannot be
+  /// opened, any header parse_safetensors_header refuses, and a file whose size or header
+  /// differs between ranks (node-local copies that are not the same checkpoint).
   template <std::size_t N>
   SafetensorsFile(const Mesh<N>& mesh, std::filesystem::path path) : path_(std::move(path)) {
     const kshard::detail::Operation operation("io::SafetensorsFile");
     const kshard::comm::Group& group = mesh.group();
-    detail::HeaderBytes bytes;
-    if (mesh.my_rank() == 0) bytes = detail::read_header_bytes(path_.string());
-    detail::Agreement agreement(group);
-    kshard::detail::same_text(agreement, "the file path", path_.string());
-    agreement.problem(bytes.problem).settle();
-    std::array<std::uint64_t, 2> sizes{bytes.file_size, bytes.json.size()};
-    group.bcast(sizes.data(), 2, 0);
-    bytes.json.resize(sizes[1]);
-    detail::broadcast_bytes(bytes.json.data(), sizes[1], group);
+    detail::Agreement same_path(group);
+    kshard::detail::same_text(same_path, "the file path", path_.string());
+    same_path.settle();
+    // Every rank reads the header itself (a small read; the data are read by their owners
+    // only): a rank that sees another file under this path is refused here rather than
+    // reading rows of another layout later.
+    const detail::HeaderBytes bytes = detail::read_header_bytes(path_.string());
+    detail::Agreement same_file(group);
+    same_file.problem(bytes.problem)
+        .same(fmt::format("the size of '{}'", path_.string()),
+              static_cast<std::int64_t>(bytes.file_size))
+        .same(fmt::format("the header of '{}' (the same path holds another file)",
+                          path_.string()),
+              kshard::detail::Digest()
+                  .add(std::string_view(reinterpret_cast<const char*>(bytes.json.data()),
+                                        bytes.json.size()))
+                  .value(), [](std::int64_t) { return ""; })
+        .settle();
     try {
-      header_ = parse_safetensors_header(bytes.json, sizes[0]);
+      header_ = parse_safetensors_header(bytes.json, bytes.file_size);
     } catch (const error& e) {  // the same bytes on every rank: the same message
       throw error(fmt::format("kshard::io: '{}': {}", path_.string(), e.what()));
     }
