@@ -562,8 +562,7 @@ TEST(SafetensorsMpi, RefusesCheckpointsThatLieAlike) {
       [&] { static_cast<void>(io::Checkpoint(line, "m.safetensors")); });
   fs::current_path(home);
   if (kshard::test::world_size() > 1) {
-    EXPECT_NE(message.find("the size of 'm.safetensors' differs between ranks"),
-              std::string::npos)
+    EXPECT_NE(message.find("the size of 'm.safetensors' differs between ranks"), std::string::npos)
         << message;
   } else {
     EXPECT_EQ(message, "");

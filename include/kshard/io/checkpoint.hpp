@@ -40,7 +40,7 @@ struct ModelConfig {
   /// The padding id (zeroed on purpose in many models); also unset when negative (Hugging Face
   /// writes -1 for none).
   std::optional<index_t> pad_token_id;
-  std::optional<index_t> vocab_size;        ///< the tokenizer's vocabulary size
+  std::optional<index_t> vocab_size;  ///< the tokenizer's vocabulary size
 };
 
 /// The name of the index file of a sharded checkpoint.
@@ -116,11 +116,11 @@ std::optional<T> config_field(const nlohmann::json& config, const char* key,
   const bool fits = std::is_same_v<T, bool> ? it->is_boolean() : it->is_number_integer();
   if (!fits)
     throw error(fmt::format("kshard::io: '{}' field \"{}\" is {}, not {}", path.string(), key,
-                            json_text(*it), std::is_same_v<T, bool> ? "true or false" : "an integer"));
+                            json_text(*it),
+                            std::is_same_v<T, bool> ? "true or false" : "an integer"));
   if constexpr (!std::is_same_v<T, bool>)
-    if (it->is_number_unsigned() &&
-        it->template get<std::uint64_t>() >
-            static_cast<std::uint64_t>(std::numeric_limits<T>::max()))
+    if (it->is_number_unsigned() && it->template get<std::uint64_t>() >
+                                        static_cast<std::uint64_t>(std::numeric_limits<T>::max()))
       throw error(fmt::format("kshard::io: '{}' field \"{}\" is {}, more than the largest id {}",
                               path.string(), key, it->dump(), std::numeric_limits<T>::max()));
   return it->template get<T>();
@@ -248,11 +248,11 @@ class Checkpoint {
       for (const auto& tensor : files_[f].header().tensors) {
         const auto mapped = file_index_.find(tensor.name);
         if (mapped != file_index_.end() && mapped->second != f)
-          throw error(fmt::format(
-              "kshard::io: tensor {} is in '{}' and in '{}' ('{}' names the first); a "
-              "tensor must be in one shard only",
-              detail::in_quotes(tensor.name), files_[mapped->second].path().string(),
-              files_[f].path().string(), index_path.string()));
+          throw error(
+              fmt::format("kshard::io: tensor {} is in '{}' and in '{}' ('{}' names the first); a "
+                          "tensor must be in one shard only",
+                          detail::in_quotes(tensor.name), files_[mapped->second].path().string(),
+                          files_[f].path().string(), index_path.string()));
       }
   }
 

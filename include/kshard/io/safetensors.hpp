@@ -112,7 +112,14 @@ inline std::optional<std::string> pread_exactly(int fd, void* data, std::uint64_
   return std::nullopt;
 }
 
-// Rank 0's read of the length prefix and the header JSON (the only bytes a header needs).
+// An error of the header parser about the file at `path`, its "kshard::io: " said once.
+inline std::string about_file(std::string_view path, std::string_view what) {
+  constexpr std::string_view prefix = "kshard::io: ";
+  if (what.starts_with(prefix)) what.remove_prefix(prefix.size());
+  return fmt::format("kshard::io: '{}': {}", path, what);
+}
+
+// This rank's read of the length prefix and the header JSON (the only bytes a header needs).
 inline HeaderBytes read_header_bytes(const std::string& path) {
   HeaderBytes result;
   // O_NONBLOCK: opening a FIFO would otherwise wait for a writer; fstat then refuses it.
@@ -139,7 +146,7 @@ inline HeaderBytes read_header_bytes(const std::string& path) {
         result.problem = pread_exactly(fd, result.json.data(), result.json.size(), 8, path);
       }
     } catch (const error& e) {
-      result.problem = fmt::format("kshard::io: '{}': {}", path, e.what());
+      result.problem = about_file(path, e.what());
     }
   }
   ::close(fd);
@@ -179,17 +186,17 @@ class SafetensorsFile {
     same_file.problem(bytes.problem)
         .same(fmt::format("the size of '{}'", path_.string()),
               static_cast<std::int64_t>(bytes.file_size))
-        .same(fmt::format("the header of '{}' (the same path holds another file)",
-                          path_.string()),
+        .same(fmt::format("the header of '{}' (the same path holds another file)", path_.string()),
               kshard::detail::Digest()
                   .add(std::string_view(reinterpret_cast<const char*>(bytes.json.data()),
                                         bytes.json.size()))
-                  .value(), [](std::int64_t) { return ""; })
+                  .value(),
+              [](std::int64_t) { return ""; })
         .settle();
     try {
       header_ = parse_safetensors_header(bytes.json, bytes.file_size);
     } catch (const error& e) {  // the same bytes on every rank: the same message
-      throw error(fmt::format("kshard::io: '{}': {}", path_.string(), e.what()));
+      throw error(detail::about_file(path_.string(), e.what()));
     }
   }
 
