@@ -222,9 +222,12 @@ void vocab_parallel_lookup(const ExecSpace& space, const M& table, const IdView&
   const auto group =
       detail::agree_in_tp_group(table.mesh(), detail::splitting_dim<L>(), [&](auto& a) {
         a.same("the number of token ids", n)
-            .same("the list of token ids", summary.digest, [](auto) {
-              return std::string();  // a digest: no value worth showing
-            });
+            .same("the list of token ids", summary.digest,
+                  [](auto) {
+                    return std::string();  // a digest: no value worth showing
+                  })
+            .same("the scale", std::bit_cast<std::int64_t>(scale),
+                  [](std::int64_t bits) { return fmt::format("{}", std::bit_cast<double>(bits)); });
       });
   std::optional<std::string> problem;
   if (static_cast<index_t>(out.extent(0)) != n || static_cast<index_t>(out.extent(1)) != h)

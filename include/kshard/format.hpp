@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (moved here in fmt 11)
 
+#include "kshard/bfloat16.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/layout_mapping.hpp"
 #include "kshard/mesh.hpp"
@@ -44,6 +45,8 @@ constexpr std::string_view element_name() {
     return "int32";
   else if constexpr (std::is_same_v<T, std::int64_t>)
     return "int64";
+  else if constexpr (std::is_same_v<T, bf16>)
+    return "bf16";
   else
     return "T";
 }

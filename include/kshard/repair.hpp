@@ -293,6 +293,8 @@ std::vector<index_t> agree_on_repair(const In& input, const Out* output, const R
                                     : std::string("other ids");
   });
   agreement.same("whether an output embedding is given", output != nullptr);
+  same_text(agreement, "the name of the input embedding", names.input);  // in every message
+  same_text(agreement, "the name of the output embedding", names.output);
   same_matrix(agreement, input, fmt::format("'{}'", names.input));
   if (output != nullptr) same_matrix(agreement, *output, fmt::format("'{}'", names.output));
   std::vector<index_t> kept;

@@ -7,6 +7,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -96,6 +97,12 @@ row_squared_norms(const ExecSpace& space, const M& matrix) {
                 "kshard::row_squared_norms: a Partial matrix has no values until it is reduced; "
                 "redistribute it to Replicate or Shard first");
   const detail::Operation operation("row_squared_norms");
+  // Global extents: every rank refuses alike (a 0-column matrix of any row count has no bytes).
+  if (!detail::fits_in_bytes<double>(matrix.rows(), 1))
+    throw error(fmt::format(
+        "kshard::row_squared_norms: the matrix has {} rows, whose norms would need more than "
+        "the limit of {} bytes",
+        matrix.rows(), std::numeric_limits<index_t>::max()));
   Kokkos::View<double*, typename M::memory_space> norms(
       Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kshard::row_squared_norms"),
       matrix.local().extent(0));

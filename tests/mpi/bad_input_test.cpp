@@ -115,6 +115,20 @@ TEST(BadInput, ZeroRowOutOfRange) {
   });
 }
 
+// A matrix of no columns holds no bytes at any row count, but its norms would: refused, as
+// what needs them, before anything is allocated (INT64_MAX doubles hung in the kernel launch).
+TEST(BadInput, NormsOfMoreRowsThanMemory) {
+  kshard::Mesh<1> mesh(MPI_COMM_WORLD, {world_size()});
+  const kshard::index_t rows = std::numeric_limits<kshard::index_t>::max();
+  const kshard::DistMatrix<float, Layout<Replicate>, ExecSpace, MemSpace> m(
+      mesh, Layout(Replicate{}), rows, 0);
+  const std::string phrase = fmt::format("the matrix has {} rows, whose norms would need", rows);
+  for (const std::string& message :
+       {kshard::test::collective_error([&] { (void)kshard::row_squared_norms(m); }),
+        kshard::test::collective_error([&] { (void)kshard::find_damaged_rows(m); })})
+    EXPECT_NE(message.find(phrase), std::string::npos) << message;
+}
+
 TEST(BadInput, RepairConfigAndArguments) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();

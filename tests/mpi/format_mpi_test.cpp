@@ -22,6 +22,11 @@ TEST(FormatMpi, MeshAndMatrix) {
   EXPECT_EQ(
       fmt::format("{}", matrix),
       fmt::format("DistMatrix<float>[6 x 4] (Replicate(), Shard(0)) on Mesh(dp=1, tp={})", size));
+  const kshard::DistMatrix<kshard::bf16, decltype(layout), ExecSpace, MemSpace> weights(
+      mesh, layout, 6, 4);
+  EXPECT_EQ(
+      fmt::format("{}", weights),
+      fmt::format("DistMatrix<bf16>[6 x 4] (Replicate(), Shard(0)) on Mesh(dp=1, tp={})", size));
   EXPECT_EQ(kshard::sharding_picture(matrix),
             kshard::sharding_picture(layout, mesh.shape(), mesh.names(), 6, 4));
 }

@@ -264,6 +264,14 @@ TEST(Mismatch, RepairConfigAndKeptRows) {
         (void)kshard::repair_embedding_rows(input, output, config.keep_rows({here ? 10 : -10}));
       },
       both);
+  // The names are in every message and report: the same text on every rank.
+  expect_collective_refusal(
+      "names", {"the name of the input embedding differs between ranks: 'embed_tokens' on rank 0"},
+      [&](bool here) {
+        (void)kshard::repair_embedding_rows(input, output, config,
+                                            {here ? "wte" : "embed_tokens", "lm_head"});
+      },
+      both, one_rank_only);
   const auto mean = kshard::RepairConfig(true, 1e-4, 4, kshard::RepairStrategy::mean_direction);
   expect_collective_refusal(
       "output given", {"whether an output embedding is given differs between ranks"},
@@ -309,6 +317,13 @@ TEST(Mismatch, LookupIdsWithinATpGroup) {
   expect_collective_refusal(
       "tp_dim", {"does not shard tensor dimension 0 over mesh dimension 0 ('dp')"},
       [&](bool here) { (void)kshard::vocab_parallel_lookup(table, ids_of({1}), here ? 0 : 1); },
+      {watch(table)}, one_rank_only);
+  // Each rank's rows would be scaled by their owner's scale: every rank a wrong answer.
+  expect_collective_refusal(
+      "scale", {"the scale differs between the ranks of a tp group: 2 on rank 0, 8 on another"},
+      [&](bool here) {
+        (void)kshard::vocab_parallel_lookup(table, ids_of({1, 2}), here ? 8.0 : 2.0);
+      },
       {watch(table)}, one_rank_only);
 }
 
