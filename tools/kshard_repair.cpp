@@ -15,6 +15,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -40,6 +41,7 @@ enum ExitCode { repaired_or_clean = 0, refused = 1, usage_or_io = 2 };
 struct Failure {
   ExitCode code;
   std::string message;
+  bool report_writable = true;  // false: the report path is the problem; leave it alone
 };
 
 struct Options {
@@ -215,11 +217,13 @@ void write_report(const std::string& path, const nlohmann::json& json) {
   int ok = 1;
   if (world_rank() == 0) {
     std::ofstream out(path, std::ios::trunc);
-    out << json.dump(2) << '\n';
+    // Paths and names are bytes, not always UTF-8: replaced (U+FFFD) rather than a throw on
+    // rank 0 alone.
+    out << json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
     ok = out.good() ? 1 : 0;
   }
   MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  if (ok == 0) throw Failure{usage_or_io, fmt::format("cannot write the report '{}'", path)};
+  if (ok == 0) throw Failure{usage_or_io, fmt::format("cannot write the report '{}'", path), false};
 }
 
 // Ids as "[a, b, c]", the middle of a long list left out.
@@ -241,29 +245,63 @@ std::string summary(const kshard::RepairReport& report) {
                      report.target_norm.value_or(0.0), id_list(report.kept_row_ids));
 }
 
-// Rank 0 makes the output folder and copies the checkpoint folder's other files into it
-// (config, tokenizer, index); every rank learns whether that worked. Filesystem calls report
-// through error codes: a throw on rank 0 alone would leave the others waiting.
+// True for what the output folder gets from the tool itself (the weights) or must not get at
+// all (kshard's undo and temporary files).
+bool not_copied(const io::Checkpoint& model, const fs::path& name) {
+  for (const auto& file : model.files())
+    if (file.path().filename() == name) return true;
+  return name.string().find(".kshard-") != std::string::npos;
+}
+
+// Copies one entry of the checkpoint folder into `out`: a file, or a folder with everything
+// in it (sentence-transformers keep 1_Pooling/ and the like next to the weights). Symbolic
+// links are followed (a Hugging Face snapshot links to its blobs); other kinds are skipped.
+void copy_entry(const fs::directory_entry& entry, const fs::path& out, std::error_code& failed) {
+  const fs::file_status status = entry.status(failed);  // a link loop is an error, not a throw
+  if (failed) return;
+  const fs::path target = out / entry.path().filename();
+  if (fs::is_directory(status))
+    fs::copy(entry.path(), target,
+             fs::copy_options::recursive | fs::copy_options::overwrite_existing, failed);
+  else if (fs::is_regular_file(status))
+    fs::copy_file(entry.path(), target, fs::copy_options::overwrite_existing, failed);
+}
+
+// Rank 0 makes the output folder and copies the checkpoint folder's other contents into it
+// (config, tokenizer, index, subfolders); every rank learns whether that worked. Filesystem
+// calls report through error codes: a throw on rank 0 alone would leave the others waiting.
 void prepare_output_folder(const io::Checkpoint& model, const fs::path& out) {
   std::error_code failed;
+  fs::path where;  // the entry that failed, for the message
   if (world_rank() == 0) {
     fs::create_directories(out, failed);
     for (fs::directory_iterator it(model.path(), failed), end; !failed && it != end;
          it.increment(failed)) {
-      const auto name = it->path().filename();
-      bool is_weights = false;
-      for (const auto& file : model.files())
-        is_weights = is_weights || file.path().filename() == name;
-      if (it->is_regular_file() && !is_weights &&
-          name.string().find(".kshard-") == std::string::npos)
-        fs::copy_file(it->path(), out / name, fs::copy_options::overwrite_existing, failed);
+      std::error_code differs;  // --out inside the checkpoint folder: never copied into itself
+      if (not_copied(model, it->path().filename()) || fs::equivalent(it->path(), out, differs))
+        continue;
+      copy_entry(*it, out, failed);
+      if (failed) {  // before increment(), which would clear it
+        where = it->path();
+        break;
+      }
     }
   }
   int ok = failed ? 0 : 1;
   MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
   if (ok == 0)
-    throw Failure{usage_or_io, fmt::format("cannot prepare the output folder '{}'{}", out.string(),
-                                           failed ? ": " + failed.message() : std::string())};
+    throw Failure{usage_or_io,
+                  fmt::format("cannot prepare the output folder '{}'{}{}", out.string(),
+                              where.empty() ? std::string() : " (copying '" + where.string() + "')",
+                              failed ? ": " + failed.message() : std::string())};
+}
+
+// Rank 0 removes the weights files a failed run wrote: the checkpoint it started would load
+// with some shards repaired and others missing.
+void remove_on_rank0(const std::vector<std::string>& paths) {
+  if (world_rank() != 0) return;
+  std::error_code ignored;  // best effort: the error that brought us here is what is reported
+  for (const auto& path : paths) fs::remove(path, ignored);
 }
 
 // Writes the repaired rows: a new checkpoint or in place. Returns the files written.
@@ -281,11 +319,16 @@ std::vector<std::string> write_result(const Options& options, const io::Checkpoi
     return {file.path().string()};
   }
   if (model.is_folder()) prepare_output_folder(model, options.out);
-  for (const auto& each : model.files()) {  // untouched files are copied in parallel too
-    const bool holds = &each == &file;
-    io::write_safetensors(mesh, each, output_of(options, model, each),
-                          holds ? update : std::vector<io::TensorUpdate>{});
-    written.push_back(output_of(options, model, each).string());
+  try {
+    for (const auto& each : model.files()) {  // untouched files are copied in parallel too
+      const bool holds = &each == &file;
+      io::write_safetensors(mesh, each, output_of(options, model, each),
+                            holds ? update : std::vector<io::TensorUpdate>{});
+      written.push_back(output_of(options, model, each).string());
+    }
+  } catch (const kshard::error&) {  // every rank: a sharded output is whole or absent
+    remove_on_rank0(written);
+    throw;
   }
   return written;
 }
@@ -328,10 +371,9 @@ int run_repair(const Options& options, const io::Checkpoint& model, const kshard
   std::optional<kshard::RepairReport> report;
   std::vector<double> after;
   std::vector<std::string> written;
-  try {
-    report = options.dry_run ? kshard::find_damaged_rows(input, config, names)
-             : use_output    ? kshard::repair_embedding_rows(input, *output, config, names)
-                             : kshard::repair_embedding_rows(input, config, names);
+  try {  // a dry run repairs too, in memory only: it refuses exactly where the real run would
+    report = use_output ? kshard::repair_embedding_rows(input, *output, config, names)
+                        : kshard::repair_embedding_rows(input, config, names);
   } catch (const kshard::error& e) {
     throw Failure{refused, e.what()};
   }
@@ -366,6 +408,30 @@ int run_repair(const Options& options, const io::Checkpoint& model, const kshard
   return repaired_or_clean;
 }
 
+// A tensor kshard-repair cannot repair is a refusal (exit 1), like an unsupported dtype: a
+// matrix (rows x hidden), and an LM head of the embedding's dtype.
+void check_repairable(const io::Checkpoint& model, const std::string& embed,
+                      const std::optional<std::string>& lm_head) {
+  const auto& input = *model.file_of(embed).header().find(embed);
+  if (input.shape.size() != 2)
+    throw Failure{refused,
+                  fmt::format("'{}' has {} dimension(s) {}; kshard-repair repairs 2-D "
+                              "embeddings (rows x hidden)",
+                              embed, input.shape.size(), io::detail::shape_text(input.shape))};
+  if (!lm_head) return;
+  const auto& output = *model.file_of(*lm_head).header().find(*lm_head);
+  if (output.shape.size() != 2)
+    throw Failure{refused,
+                  fmt::format("LM head '{}' has {} dimension(s) {}; kshard-repair needs "
+                              "2 (rows x hidden), or --strategy mean",
+                              *lm_head, output.shape.size(), io::detail::shape_text(output.shape))};
+  if (output.dtype != input.dtype)
+    throw Failure{refused, fmt::format("LM head '{}' is {} but '{}' is {}; kshard-repair needs "
+                                       "both of one dtype, or --strategy mean",
+                                       *lm_head, io::to_string(output.dtype), embed,
+                                       io::to_string(input.dtype))};
+}
+
 // Element type from the embedding's dtype, then the layout read from the command line.
 template <std::size_t N>
 int dispatch(const Options& options, const io::Checkpoint& model, const kshard::Mesh<N>& mesh,
@@ -389,23 +455,103 @@ int dispatch(const Options& options, const io::Checkpoint& model, const kshard::
   });
 }
 
+// The undo file next to `file` must have been made for it: it records its target's absolute
+// path, so in a copied checkpoint it still names the original, which must not be restored.
+template <std::size_t N>
+void check_undo_target(const kshard::Mesh<N>& mesh, const io::SafetensorsFile& file) {
+  const io::SafetensorsFile saved(mesh, undo_path(file));
+  const auto& metadata = saved.header().metadata;
+  const auto target = metadata.find(std::string(io::detail::undo_target));
+  if (target == metadata.end()) return;  // not kshard's: undo_in_place says so
+  int same = 1;
+  if (world_rank() == 0) {
+    std::error_code ignored;  // a target that is gone is not this file either
+    same = fs::equivalent(target->second, file.path(), ignored) ? 1 : 0;
+  }
+  MPI_Bcast(&same, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (same == 0)
+    throw Failure{usage_or_io,
+                  fmt::format("the undo file '{}' was made for '{}', not for '{}' next to it (a "
+                              "copied checkpoint?); nothing restored",
+                              undo_path(file).string(), target->second, file.path().string())};
+}
+
 // Restores every file of the checkpoint that has an undo file.
 template <std::size_t N>
 int undo(const io::Checkpoint& model, const kshard::Mesh<N>& mesh) {
-  int undone = 0;
+  std::vector<const io::SafetensorsFile*> with_undo;
   for (const auto& file : model.files()) {
     std::error_code ignored;  // rank 0 alone looks: it must not throw
     int exists = world_rank() == 0 && fs::exists(undo_path(file), ignored);
     MPI_Bcast(&exists, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    if (exists == 0) continue;
-    io::undo_in_place(mesh, undo_path(file));
-    say("restored '{}' from '{}'\n", file.path().string(), undo_path(file).string());
-    ++undone;
+    if (exists != 0) with_undo.push_back(&file);
   }
-  if (undone == 0)
+  for (const auto* file : with_undo) check_undo_target(mesh, *file);  // all before restoring any
+  for (const auto* file : with_undo) {
+    io::undo_in_place(mesh, undo_path(*file));
+    say("restored '{}' from '{}'\n", file->path().string(), undo_path(*file).string());
+  }
+  if (with_undo.empty())
     throw Failure{usage_or_io,
                   fmt::format("no undo file next to the weights of '{}'", model.path().string())};
   return repaired_or_clean;
+}
+
+// `path` made absolute and canonical as far as it exists, without a trailing separator.
+fs::path canonical_of(const fs::path& path) {
+  std::error_code ignored;  // on failure: the path as given, made absolute
+  fs::path result = fs::weakly_canonical(fs::absolute(path, ignored), ignored);
+  if (result.empty()) result = fs::absolute(path, ignored).lexically_normal();
+  return result.has_filename() ? result : result.parent_path();
+}
+
+// True when `inner` is `outer` (the same file, through a link too) or lies inside it.
+bool within(const fs::path& inner, const fs::path& outer) {
+  std::error_code ignored;
+  if (fs::equivalent(inner, outer, ignored)) return true;
+  const fs::path a = canonical_of(inner), b = canonical_of(outer);
+  return std::mismatch(b.begin(), b.end(), a.begin(), a.end()).first == b.end();
+}
+
+// Rank 0, before the checkpoint is opened: why the report would overwrite the checkpoint or
+// the output, or nothing. A file the checkpoint folder holds is judged by its name here (the
+// weights, their index, the config, kshard's undo files); run_on checks the weights exactly.
+std::optional<std::string> report_clash(const Options& options) {
+  if (world_rank() != 0) return std::nullopt;  // rank 0 alone looks
+  const fs::path report = options.report;
+  std::error_code ignored;
+  const bool folder = fs::is_directory(options.model, ignored);
+  const std::string name = report.filename().string();
+  const bool checkpoint_name = name.ends_with(".safetensors") || name.ends_with(".index.json") ||
+                               name == "config.json" || name.find(".kshard-") != name.npos;
+  if (within(report, options.model) && (!folder || checkpoint_name))
+    return fmt::format("--report '{}' is {} of MODEL '{}'", options.report,
+                       folder ? "a file" : "the checkpoint", options.model);
+  if (!options.out.empty() && within(report, options.out))
+    return fmt::format("--report '{}' is {} --out '{}'", options.report,
+                       folder ? "inside" : "the same file as", options.out);
+  return std::nullopt;
+}
+
+// After opening: a report that is one of the checkpoint's weights files, however named.
+std::optional<std::string> report_clash(const std::string& report, const io::Checkpoint& model) {
+  if (world_rank() != 0) return std::nullopt;  // rank 0 alone looks
+  for (const auto& file : model.files())
+    if (within(report, file.path()))
+      return fmt::format("--report '{}' is the weights file '{}'", report, file.path().string());
+  return std::nullopt;
+}
+
+// Rank 0's verdict on the report path, on every rank: refused before anything is written,
+// the report included (it would overwrite what it is about).
+void check_report_path(const Options& options, std::optional<std::string> clash) {
+  int ok = world_rank() != 0 || !clash;
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (ok == 0)
+    throw Failure{usage_or_io,
+                  fmt::format("{}; it would overwrite it: name another report file",
+                              clash.value_or(options.report)),
+                  false};
 }
 
 std::string layout_text(const std::vector<kshard::PlacementSpec>& layout) {
@@ -418,6 +564,10 @@ template <std::size_t N>
 int run_on(const Options& options, const kshard::Mesh<N>& mesh,
            const std::vector<kshard::PlacementSpec>& layout) {
   const io::Checkpoint model(mesh, options.model);
+  if (!options.report.empty()) {  // before any work: a report that cannot be written is an error
+    check_report_path(options, report_clash(options.report, model));
+    write_report(options.report, {{"status", "running"}});
+  }
   if (options.undo) return undo(model, mesh);
   const auto embed = pick(model, options.embed, embed_names, "input embedding");
   if (!embed)
@@ -438,12 +588,12 @@ int run_on(const Options& options, const kshard::Mesh<N>& mesh,
       lm_head ? fmt::format("directions from {}", *lm_head)
               : std::string("directions from the mean healthy row"),
       fmt::join(mesh.shape(), "x"), layout_text(layout));
+  check_repairable(model, *embed, lm_head);
   return dispatch(options, model, mesh, layout, *embed, lm_head);
 }
 
 int run(const Options& options) {
-  if (!options.report.empty())  // before any work: a report that cannot be written is an error
-    write_report(options.report, {{"status", "running"}});
+  if (!options.report.empty()) check_report_path(options, report_clash(options));
   std::vector<int> shape;
   std::vector<kshard::PlacementSpec> layout;
   try {
@@ -473,7 +623,7 @@ int run(const Options& options) {
 int fail(const Options& options, const Failure& failure) {
   const char* kind = failure.code == refused ? "refused" : "error";
   say("kshard-repair: {}: {}\n", kind, failure.message);
-  if (!options.report.empty() && failure.message.rfind("cannot write the report", 0) != 0) {
+  if (!options.report.empty() && failure.report_writable) {
     try {
       write_report(options.report, {{"status", kind},
                                     {"message", failure.message},
@@ -482,6 +632,54 @@ int fail(const Options& options, const Failure& failure) {
     }
   }
   return failure.code;
+}
+
+// Every option as the text it was given as, named as on the command line.
+std::vector<std::pair<std::string, std::string>> option_texts(const Options& o) {
+  const auto flag = [](bool on) { return std::string(on ? "on" : "off"); };
+  return {{"MODEL", o.model},
+          {"--out", o.out},
+          {"--in-place", flag(o.in_place)},
+          {"--dry-run", flag(o.dry_run)},
+          {"--undo", flag(o.undo)},
+          {"--report", o.report},
+          {"--embed", o.embed},
+          {"--lm-head", o.lm_head},
+          {"--strategy", o.strategy},
+          {"--max-rows", fmt::format("{}", o.max_rows)},
+          {"--min-norm", fmt::format("{}", o.min_norm)},
+          {"--relative-threshold",
+           o.relative_threshold ? fmt::format("{}", *o.relative_threshold) : std::string()},
+          {"--keep", o.keep ? fmt::format("[{}]", fmt::join(*o.keep, ",")) : std::string("none")},
+          {"--mesh", o.mesh},
+          {"--layout", o.layout}};
+}
+
+// One all-reduce before any other collective: every rank got the same command line (`parsed`:
+// CLI's exit code, -1 when it parsed). The tool's collectives depend on the options; ranks
+// that differ would wait for each other forever. Returns what differs, the same on every rank.
+std::optional<std::string> options_differ(const Options& options, int parsed) {
+  const auto texts = option_texts(options);
+  std::vector<std::int64_t> values{parsed};
+  for (const auto& [name, text] : texts)
+    values.push_back(kshard::detail::Digest().add(text).value());
+  const std::size_t n = values.size();
+  values.resize(2 * n);
+  for (std::size_t i = 0; i < n; ++i) values[n + i] = ~values[i];  // MAX of ~v: ~MIN of v
+  MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T, MPI_MAX,
+                MPI_COMM_WORLD);
+  if (values[0] != ~values[n])
+    return std::string(
+        "the command line parses on some ranks but not on others; every rank must "
+        "be given the same options");
+  if (parsed != -1) return std::nullopt;  // the same parse error everywhere: CLI says it
+  for (std::size_t i = 1; i < n; ++i)
+    if (values[i] != ~values[n + i])
+      return fmt::format(
+          "{} differs between ranks ('{}' on rank 0, another value on some other "
+          "rank); every rank must be given the same options",
+          texts[i - 1].first, texts[i - 1].second);
+  return std::nullopt;
 }
 
 void define(CLI::App& app, Options& o) {
@@ -526,13 +724,19 @@ int main(int argc, char** argv) {
                  "kshard-repair");
     Options options;
     define(app, options);
+    int parsed = -1;  // CLI's exit code when the command line did not parse
     try {
       app.parse(argc, argv);
       if (options.out.empty() && !options.in_place && !options.dry_run && !options.undo)
         throw CLI::RequiredError("one of --out, --in-place, --dry-run or --undo");
     } catch (const CLI::ParseError& e) {
-      code = e.get_exit_code() == 0 ? repaired_or_clean : usage_or_io;
+      parsed = e.get_exit_code();
       if (world_rank() == 0) app.exit(e);
+    }
+    const auto differ = options_differ(options, parsed);
+    if (differ || parsed != -1) {
+      if (differ) say("kshard-repair: error: {}\n", *differ);
+      code = !differ && parsed == 0 ? repaired_or_clean : usage_or_io;
       MPI_Finalize();
       return code;
     }

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# kshard-repair's refusals and errors at NP ranks, on small checkpoints make_cases.py writes
+# (Python's standard library only) in a scratch folder under /tmp (removed at the end):
+#
+#     run.sh NP KSHARD_REPAIR
+#
+# Every case checks the exit code of EVERY rank (a wrapper records each rank's) and, where the
+# tool must not write, that nothing was written:
+#   - a non-UTF-8 model name or --embed with --report: the report is written (valid JSON);
+#   - a symbolic link loop in a checkpoint folder with --out: exit 2, no crash;
+#   - --out on a folder copies its subfolders (1_Pooling/);
+#   - --out on a sharded folder whose second shard cannot be written: exit 2, no shard left;
+#   - --report naming --out or MODEL: exit 2, the checkpoint untouched, no output;
+#   - --undo on a copy of an in-place repaired folder: exit 2, neither folder restored;
+#   - 1-D and 3-D embeddings, F16 and F64 LM heads next to an F32 embedding: exit 1;
+#   - --dry-run where the real run refuses (no healthy rows, a damaged LM head, an LM head of
+#     another shape): exit 1, as the real run;
+#   - options that differ between ranks (an MPMD launch): exit 2 on every rank, no hang.
+#
+# Environment: KSHARD_TOOL_MPIEXEC (default mpiexec), KSHARD_TOOL_TIMEOUT (seconds per launch,
+# default 120: a launch that takes longer is a hang).
+
+set -uo pipefail
+
+if [ $# -ne 2 ]; then
+  echo "usage: $0 NP KSHARD_REPAIR" >&2
+  exit 2
+fi
+np=$1
+tool=$(realpath "$2")
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+mpiexec=${KSHARD_TOOL_MPIEXEC:-mpiexec}
+scratch=$(mktemp -d /tmp/kshard-tool.XXXXXX)
+trap 'rm -rf "$scratch"' EXIT
+cases=$scratch/cases
+python3 "$here/make_cases.py" "$cases" || { echo "make_cases.py failed" >&2; exit 1; }
+cd "$scratch" || exit 1
+failures=0
+
+# Runs one rank and records its exit code; the rank as Open MPI or MPICH (Hydra) name it.
+wrap=$scratch/wrap.sh
+cat >"$wrap" <<'WRAP'
+rank=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${PMIX_RANK:-0}}}
+dir=$1
+shift
+"$@" >"$dir/out.$rank" 2>&1
+echo $? >"$dir/rc.$rank"
+WRAP
+
+fail() {
+  echo "FAIL [np$np] $*"
+  failures=$((failures + 1))
+}
+
+# launch NAME RANKS MPIEXEC-ARGUMENTS...: "@TOOL" in the arguments runs the tool under the
+# wrapper; RANKS: how many ranks the launch makes. Leaves the per-rank results in $dir.
+launch() {
+  local name=$1 ranks=$2 args=() a
+  shift 2
+  dir=$scratch/run.$name
+  rm -rf "$dir" && mkdir -p "$dir"
+  for a in "$@"; do
+    if [ "$a" = @TOOL ]; then args+=(bash "$wrap" "$dir" "$tool"); else args+=("$a"); fi
+  done
+  timeout "${KSHARD_TOOL_TIMEOUT:-120}" "$mpiexec" "${args[@]}" >"$dir/mpiexec.log" 2>&1
+  launched=$?
+  launched_ranks=$ranks
+}
+
+# codes_are NAME CODE: every rank of the last launch exited with CODE.
+codes_are() {
+  local name=$1 want=$2 r got
+  [ "$launched" -eq 124 ] && fail "$name: timed out (a hang)"
+  for ((r = 0; r < launched_ranks; r++)); do
+    got=$(cat "$dir/rc.$r" 2>/dev/null || echo none)
+    if [ "$got" != "$want" ]; then
+      fail "$name: rank $r exited with $got, expected $want"
+      sed 's/^/    /' "$dir/out.$r" 2>/dev/null | head -5
+      return
+    fi
+  done
+  echo "ok   [np$np] $name: exit $want on $launched_ranks rank(s)"
+}
+
+# expect NAME CODE TOOL-ARGUMENTS...: the tool at NP ranks exits with CODE on every rank.
+expect() {
+  local name=$1 want=$2
+  shift 2
+  launch "$name" "$np" -n "$np" @TOOL "$@"
+  codes_are "$name" "$want"
+}
+
+good=$cases/good.safetensors
+
+# D3: bytes that are not UTF-8 in paths and names reach the report (replaced, not a crash).
+bad=$'bad\xffname.safetensors'
+cp "$good" "$bad"
+expect non_utf8_model 0 "$bad" --dry-run --report u1.json
+python3 -c 'import json,sys; json.load(open(sys.argv[1]))' u1.json 2>/dev/null ||
+  fail "non_utf8_model: no valid report"
+expect non_utf8_embed 1 "$good" --dry-run --embed $'x\xff' --report u2.json
+python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["status"] == "refused"' u2.json \
+  2>/dev/null || fail "non_utf8_embed: the report does not say refused"
+expect non_utf8_out 0 "$bad" --out $'out\xff.safetensors' --report u3.json
+python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["status"] == "done"' u3.json \
+  2>/dev/null || fail "non_utf8_out: the report does not say done"
+
+# D4: a link loop in the checkpoint folder is an error on every rank.
+cp -r "$cases/folder" loopdir && ln -s loop loopdir/loop
+expect symlink_loop 2 loopdir --out loop_out
+
+# D7: --out copies the folder's subfolders too.
+expect folder_out 0 "$cases/folder" --out folder_out
+for f in config.json tokenizer.json 1_Pooling/config.json; do
+  cmp -s "$cases/folder/$f" "folder_out/$f" || fail "folder_out: $f not copied"
+done
+
+# D14: a sharded output is whole or absent: the second shard cannot be written (a folder holds
+# its name), so the first, already written, is removed again.
+expect sharded_out 0 "$cases/sharded" --out sharded_out
+mkdir -p sharded_fail/model-00002-of-00002.safetensors
+expect sharded_out_fails 2 "$cases/sharded" --out sharded_fail
+[ -e sharded_fail/model-00001-of-00002.safetensors ] &&
+  fail "sharded_out_fails: the first shard was left behind"
+
+# D12: a report that would overwrite the output or the checkpoint is refused, nothing written.
+cp "$good" rg.safetensors && cp "$good" rg.orig
+expect report_is_out 2 rg.safetensors --out rg_out.safetensors --report rg_out.safetensors
+[ -e rg_out.safetensors ] && fail "report_is_out: rg_out.safetensors was written"
+expect report_is_model 2 rg.safetensors --dry-run --report rg.safetensors
+cmp -s rg.safetensors rg.orig || fail "report_is_model: the checkpoint was overwritten"
+cp -r "$cases/folder" rgdir
+expect report_in_model_folder 2 rgdir --dry-run --report rgdir/model.safetensors
+cmp -s rgdir/model.safetensors "$cases/folder/model.safetensors" ||
+  fail "report_in_model_folder: the weights were overwritten"
+mkdir fo2
+expect report_in_out_folder 2 "$cases/folder" --out fo2 --report fo2/config.json
+[ -e fo2/model.safetensors ] && fail "report_in_out_folder: the output was written"
+[ -e fo2/config.json ] && fail "report_in_out_folder: the report was written"
+
+# D6: the undo file of a copied checkpoint names the original: refused, neither restored.
+mkdir ipA && cp "$good" ipA/model.safetensors
+expect in_place 0 ipA --in-place
+cp ipA/model.safetensors ipA.repaired && cp -r ipA ipB
+expect undo_copy 2 ipB --undo
+cmp -s ipA/model.safetensors ipA.repaired || fail "undo_copy: the original was restored"
+cmp -s ipB/model.safetensors ipA.repaired || fail "undo_copy: the copy was changed"
+[ -e ipB/model.safetensors.kshard-undo ] || fail "undo_copy: the copy's undo file is gone"
+expect undo_original 0 ipA --undo
+
+# D11: tensors the tool cannot repair are refusals.
+for c in embed_1d embed_3d lm_f16 lm_f64; do
+  expect "$c" 1 "$cases/$c.safetensors" --dry-run
+done
+
+# D13: a dry run refuses where the real run refuses.
+for c in all_damaged lm_damaged lm_shape; do
+  expect "${c}_out" 1 "$cases/$c.safetensors" --out "$c.out.safetensors"
+  expect "${c}_dry_run" 1 "$cases/$c.safetensors" --dry-run
+done
+
+# D15: options that differ between ranks: exit 2 everywhere instead of a hang.
+others=$((np > 1 ? np - 1 : 1))
+launch report_on_rank0_only $((others + 1)) -n 1 @TOOL "$good" --dry-run --report dv.json \
+  : -n "$others" @TOOL "$good" --dry-run
+codes_are report_on_rank0_only 2
+launch strategy_differs $((others + 1)) -n 1 @TOOL "$good" --dry-run --strategy mean \
+  : -n "$others" @TOOL "$good" --dry-run --strategy output
+codes_are strategy_differs 2
+grep -q -- '--strategy differs' "$dir/out.0" || fail "strategy_differs: the message names no option"
+launch parse_differs $((others + 1)) -n 1 @TOOL "$good" --dry-run \
+  : -n "$others" @TOOL "$good" --dry-run --no-such-option
+codes_are parse_differs 2
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures failure(s) at np$np"
+  exit 1
+fi
+echo "all kshard-repair tool cases passed at np$np"
