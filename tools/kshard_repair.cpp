@@ -448,9 +448,12 @@ int dispatch(const Options& options, const io::Checkpoint& model, const kshard::
         return run_repair<double>(options, model, mesh, l, embed, lm_head);
       case io::Dtype::BF16:
         return run_repair<kshard::bf16>(options, model, mesh, l, embed, lm_head);
+      case io::Dtype::F16:
+        return run_repair<kshard::f16>(options, model, mesh, l, embed, lm_head);
       default:
-        throw Failure{refused, fmt::format("'{}' is {}; kshard-repair repairs F32, F64 and BF16",
-                                           embed, io::to_string(dtype))};
+        throw Failure{refused,
+                      fmt::format("'{}' is {}; kshard-repair repairs F32, F64, BF16 and F16", embed,
+                                  io::to_string(dtype))};
     }
   });
 }

@@ -55,8 +55,8 @@ using bf16 = bfloat16;
 static_assert(sizeof(bf16) == 2 && std::is_trivially_copyable_v<bf16>,
               "kshard::bf16 must be 16-bit trivially copyable storage");
 
-/// The type kshard squares and scales elements of `T` in: float for float and bf16, double
-/// for double (the spec's "fp32, or the element type if wider").
+/// The type kshard squares and scales elements of `T` in: float for float, bf16 and f16,
+/// double for double (the spec's "fp32, or the element type if wider").
 template <class T>
 using compute_type_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 

@@ -27,14 +27,15 @@
 #include "kshard/detail/tp_checks.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
+#include "kshard/float16.hpp"
 #include "kshard/format.hpp"
 #include "kshard/region.hpp"
 
 namespace kshard {
 
 /// Element type of `vocab_parallel_lookup`'s output for a table of `T`: the table's own type for
-/// float and double, float for bf16 (the lookup's sum and scale are done in float, and bf16
-/// activations are rarely what the next layer wants).
+/// float and double, float for bf16 and f16 (the lookup's sum and scale are done in float, and
+/// 16-bit activations are rarely what the next layer wants).
 template <class T>
 using lookup_value_t = compute_type_t<T>;
 
@@ -55,9 +56,9 @@ constexpr void check_lookup_types() {
                 "kshard::vocab_parallel_lookup(_backward): the table's rows must be split over "
                 "exactly one mesh dimension (the tp dimension), its columns not at all, and every "
                 "other mesh dimension must Replicate it");
-  static_assert(tp_float_v<T> || std::is_same_v<T, bf16>,
-                "kshard::vocab_parallel_lookup(_backward): the table must hold float, double or "
-                "bf16");
+  static_assert(tp_float_v<T> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>,
+                "kshard::vocab_parallel_lookup(_backward): the table must hold float, double, "
+                "bf16 or f16");
   static_assert(is_view_of_rank<IdView>(1),
                 "kshard::vocab_parallel_lookup(_backward): ids must be a rank-1 Kokkos::View");
   if constexpr (is_view_of_rank<IdView>(1)) {

@@ -24,6 +24,7 @@
 
 #include "kshard/bfloat16.hpp"
 #include "kshard/dist_matrix.hpp"
+#include "kshard/float16.hpp"
 #include "kshard/layout_mapping.hpp"
 #include "kshard/mesh.hpp"
 #include "kshard/placement.hpp"
@@ -47,6 +48,8 @@ constexpr std::string_view element_name() {
     return "int64";
   else if constexpr (std::is_same_v<T, bf16>)
     return "bf16";
+  else if constexpr (std::is_same_v<T, f16>)
+    return "f16";
   else
     return "T";
 }

@@ -13,6 +13,7 @@
 #include "kshard/dist_matrix.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/error.hpp"
+#include "kshard/float16.hpp"
 #include "kshard/format.hpp"
 #include "kshard/index.hpp"
 #include "kshard/layout_dispatch.hpp"

@@ -213,10 +213,12 @@ TEST(SafetensorsMpi, ReadsEveryElementType) {
   const kshard::Layout layout(kshard::Replicate{}, kshard::Shard<0>{});
   round_trip<double>(scratch, mesh, layout, 11, 3);
   round_trip<kshard::bf16>(scratch, mesh, layout, 5, 8);
+  round_trip<kshard::f16>(scratch, mesh, layout, 6, 7);
   // Split columns: read as row blocks and redistributed, for every element type.
   const kshard::Layout columns(kshard::Shard<1>{}, kshard::Shard<1>{});
   round_trip<double>(scratch, mesh, columns, 11, 7);
   round_trip<kshard::bf16>(scratch, mesh, columns, 5, 9);
+  round_trip<kshard::f16>(scratch, mesh, columns, 4, 9);
   // Empty shards (more ranks than rows) and an empty matrix.
   round_trip<float>(scratch, mesh, kshard::Layout(kshard::Shard<1>{}, kshard::Shard<0>{}), 1, 1);
   round_trip<float>(scratch, mesh, layout, 0, 4);

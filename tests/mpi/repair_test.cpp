@@ -160,6 +160,7 @@ TEST(Repair, SpecCaseOnEveryLayout) {
     check_spec_case<double>(grid, Layout(Shard<0>{}, Shard<1>{}), strategy);
     check_spec_case<kshard::bf16>(grid, Layout(Replicate{}, Shard<0>{}), strategy);
     check_spec_case<kshard::bf16>(grid, Layout(Shard<0>{}, StridedShard<0>{2}), strategy);
+    check_spec_case<kshard::f16>(grid, Layout(StridedShard<0>{2}, Shard<1>{}), strategy);
   }
 }
 
@@ -315,6 +316,7 @@ TEST(Repair, RandomCasesAgainstSerialReference) {
           check_random_case<float>(line, layout, seed);
           check_random_case<double>(line, layout, seed + 1);
           check_random_case<kshard::bf16>(line, layout, seed + 2);
+          check_random_case<kshard::f16>(line, layout, seed + 3);
         },
         [&](const auto& layout) {
           if (round < 2) check_random_case<float>(grid, layout, seed);

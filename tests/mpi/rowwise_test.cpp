@@ -65,6 +65,7 @@ TEST(ZeroRow, EveryLayoutAndRow) {
       [&](const auto& layout) {
         check_zero_row<float>(line, layout, 7, 3, seed);
         check_zero_row<kshard::bf16>(line, layout, 2, 5, seed);  // fewer rows than ranks
+        check_zero_row<kshard::f16>(line, layout, 5, 3, seed);
       },
       [&](const auto& layout) { check_zero_row<double>(grid, layout, 9, 4, seed); });
 }
@@ -110,6 +111,7 @@ TEST(RowSquaredNorms, EveryLayoutAgainstSerial) {
         check_norms<float>(line, layout, 13, 37, seed);  // 37: a 4-wide loop and a remainder
         check_norms<double>(line, layout, 3, 2, seed);
         check_norms<kshard::bf16>(line, layout, 0, 4, seed);
+        check_norms<kshard::f16>(line, layout, 6, 11, seed);
       },
       [&](const auto& layout) { check_norms<float>(grid, layout, 11, 9, seed); });
 }

@@ -18,6 +18,7 @@ says what was done to it. The copies:
              length that is not a multiple of 8 (data section unaligned)
   sharded    two files (model-0000{1,2}-of-00002.safetensors) with an index; the embedding in
              the second file
+  f16        every F32 tensor converted to F16 by numpy (`model.half()`), damaged likewise
 
 Manifest: {"name", "dtype", "embed", "embed_file", "lm_head", "strategy", "direction_from",
 "pad_id", "kept_ids", "damaged": [{"id", "kind", "column"}], "damaged_ids", "weights_files",
@@ -141,7 +142,7 @@ def write_manifest(out_dir, name, folder, plan, dtype, lm_head, extra=None):
         "weights_files": sorted(files),
         "sha256": {f: sha256(p) for f, p in files.items()},
         "header_length": {f: Header(p).header_length for f, p in files.items()},
-        "rtol": 1e-2 if dtype == "BF16" else 1e-5,
+        "rtol": {"BF16": 1e-2, "F16": 2e-3}.get(dtype, 1e-5),
     }
     manifest.update(extra or {})
     (out_dir / f"{name}.manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -273,6 +274,18 @@ def main():
         {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
         indent=2) + "\n")
     write_manifest(out_dir, "sharded", folder, plan, "F32", None)
+
+    # (f) F16: every F32 tensor rounded to nearest even by numpy (1e-9-scaled rows become zero);
+    # the reference writer.
+    plan = damage_plan(vocab, seed=6, kind_offset=5)
+    folder = new_folder("f16", {"torch_dtype": "float16"})
+    tensors = {n: (damage(embed, plan) if n == EMBED else a).astype(np.float16)
+               if dtypes[n] == "F32" else a for n, a in raw.items()}
+    save_file(tensors, str(folder / SINGLE_NAME), metadata={"format": "pt"})
+    if {n: t["dtype"] for n, t in Header(folder / SINGLE_NAME).tensors.items()} != {
+            n: ("F16" if d == "F32" else d) for n, d in dtypes.items()}:
+        raise SystemExit("make_damaged: the F16 copy has other dtypes than intended")
+    write_manifest(out_dir, "f16", folder, plan, "F16", None)
 
 
 if __name__ == "__main__":

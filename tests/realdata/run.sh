@@ -11,12 +11,13 @@
 #   - refusals: --max-rows 1 (exit 1, with --out and --in-place: nothing written), a missing
 #     model (exit 2), a read-only weights file with --in-place (exit 2, unchanged), --undo
 #     without an undo file (exit 2);
-#   - for each damaged copy (f32, bf16, lmhead, unaligned, sharded): --out to a new folder,
+#   - for each damaged copy (f32, bf16, lmhead, unaligned, sharded, f16): --out to a new folder,
 #     checked by check_repair.py; --in-place on a copy of it, checked; --undo, after which
 #     every file equals the damaged copy again byte for byte (diff -r: cmp of every file);
 #   - a single .safetensors file (no config: --keep 0) with --out to a file, checked.
 # Layouts: Shard(0) over all ranks, except: NP=2 lmhead "Shard(1)" (columns split, directions
-# from the LM head), NP=3 bf16 "Shard(1)", NP=4 sharded --mesh 2x2 "Replicate(), Shard(0)".
+# from the LM head), NP=3 bf16 "Shard(1)", NP=2 f16 "StridedShard(0, sf=2)", NP=4 sharded
+# --mesh 2x2 "Replicate(), Shard(0)".
 #
 # Environment: KSHARD_REALDATA_MPIEXEC (default mpiexec), KSHARD_REALDATA_CXX (default c++:
 # builds the FNV-1a helper check_repair.py uses; pure Python without it, much slower).
@@ -135,10 +136,11 @@ say "refusals: --max-rows 1 exit 1, missing model exit 2, read-only --in-place e
   "--undo without an undo file exit 2; nothing written"
 
 # 3. Every damaged copy: --out, --in-place, --undo.
-for name in f32 bf16 lmhead unaligned sharded; do
+for name in f32 bf16 lmhead unaligned sharded f16; do
   layout=()
   case "$np:$name" in
     2:lmhead | 3:bf16) layout=(--layout "Shard(1)") ;;
+    2:f16) layout=(--layout "StridedShard(0, sf=2)") ;;
     4:sharded) layout=(--mesh 2x2 --layout "Replicate(), Shard(0)") ;;
   esac
   manifest=$copies/$name.manifest.json

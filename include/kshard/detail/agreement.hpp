@@ -25,6 +25,7 @@
 #include "kshard/comm_stats.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/error.hpp"
+#include "kshard/float16.hpp"
 #include "kshard/placement.hpp"
 
 namespace kshard::detail {
@@ -218,6 +219,8 @@ constexpr std::int64_t type_code() {
     return 4;
   else if constexpr (std::is_same_v<T, std::int64_t>)
     return 5;
+  else if constexpr (std::is_same_v<T, f16>)
+    return 6;
   else
     return 1000 + static_cast<std::int64_t>(sizeof(T));
 }
@@ -234,6 +237,8 @@ inline std::string render_type(std::int64_t code) {
       return "int32";
     case 5:
       return "int64";
+    case 6:
+      return "f16";
     default:
       return fmt::format("a {}-byte element type", code - 1000);
   }

@@ -24,8 +24,8 @@
 /// safetensors_header.hpp), and every rank throws the same `kshard::error`, with nothing
 /// written, for a file that is missing, truncated or lies about its contents, and for a tensor
 /// that is missing or whose dtype or shape does not match the matrix. Elements are read as they
-/// are stored: F32 into float, F64 into double, BF16 into kshard::bf16; other dtypes are listed
-/// in the header but refused as matrices.
+/// are stored: F32 into float, F64 into double, BF16 into kshard::bf16, F16 into kshard::f16;
+/// other dtypes are listed in the header but refused as matrices.
 
 #include <Kokkos_Core.hpp>
 
@@ -59,6 +59,7 @@
 #include "kshard/detail/operation.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
+#include "kshard/float16.hpp"
 #include "kshard/io/detail/mpi_file.hpp"
 #include "kshard/io/io_stats.hpp"
 #include "kshard/io/safetensors_header.hpp"
@@ -71,7 +72,7 @@ namespace kshard::io {
 static_assert(std::endian::native == std::endian::little,
               "kshard::io reads safetensors (little-endian) elements as they are stored");
 
-/// The safetensors dtype that stores elements of `T`: F32, F64 or BF16.
+/// The safetensors dtype that stores elements of `T`: F32, F64, BF16 or F16.
 template <class T>
 constexpr Dtype dtype_of() {
   if constexpr (std::is_same_v<T, float>)
@@ -80,8 +81,11 @@ constexpr Dtype dtype_of() {
     return Dtype::F64;
   else if constexpr (std::is_same_v<T, bf16>)
     return Dtype::BF16;
+  else if constexpr (std::is_same_v<T, f16>)
+    return Dtype::F16;
   else
-    static_assert(sizeof(T) == 0, "kshard::io reads and writes float, double and kshard::bf16");
+    static_assert(sizeof(T) == 0,
+                  "kshard::io reads and writes float, double, kshard::bf16 and kshard::f16");
 }
 
 namespace detail {
