@@ -432,6 +432,111 @@ std::optional<std::string> check_same_communicator(const Mesh<N>& mesh, const Me
       what, target.size(), mesh.size());
 }
 
+// The stages of one move and the intermediate shards between them, built from the layouts'
+// values (actions and reduction ops), not their types: compiled once per element type, memory
+// space and pair of mesh ranks, however many layout types a program moves between.
+template <class T, class S>
+class CompiledMove {
+ public:
+  template <class Space, std::size_t N, std::size_t NT>
+  CompiledMove(const Space& space, const Mesh<N>& mesh, const Mesh<NT>& target_mesh,
+               const std::array<MeshDimAction, N>& source_actions,
+               const std::array<ReduceOp, N>& source_ops,
+               const std::array<MeshDimAction, NT>& target_actions,
+               const std::array<ReduceOp, NT>& target_ops, index_t rows, index_t cols,
+               bool same_mesh) {
+    const Geometry<N> source{source_actions, mesh.shape(), rows, cols};
+    if constexpr (N == NT) {
+      if (same_mesh) {
+        const Plan<N> plan = plan_same_mesh(source, source_ops, target_actions, target_ops);
+        for (const Step<N>& step : plan.steps)
+          add_stage(compile_step<T, S>(space, mesh, step, plan.zero_dims),
+                    step.after.at(mesh.coords()));
+        if (plan.steps.empty()) {
+          Stage<T, S> copy;
+          copy.kind = Stage<T, S>::Kind::copy;
+          add_stage(std::move(copy), source.at(mesh.coords()));
+        }
+        zero_result_ = holds_zeros(plan.zero_dims, mesh.coords());
+        finish(mesh.group());
+        return;
+      }
+    }
+    // Another mesh: pending reductions resolved on the source mesh, then one exact
+    // all-to-all(v) over the communicator.
+    Geometry<N> flat = source;
+    Geometry<NT> goal{target_actions, target_mesh.shape(), rows, cols};
+    std::array<bool, NT> zero_dims{};
+    const Plan<N> resolve = plan_resolve_partials(source, source_ops);
+    for (std::size_t m = 0; m < N; ++m)
+      if (flat.actions[m].kind == PlacementKind::partial) flat.actions[m] = replicate_action();
+    for (std::size_t m = 0; m < NT; ++m) {
+      if (goal.actions[m].kind != PlacementKind::partial) continue;
+      zero_dims[m] = target_ops[m] == ReduceOp::sum && goal.shape[m] > 1;
+      goal.actions[m] = replicate_action();
+    }
+    check_message_size(std::max(flat.max_local_size(), goal.max_local_size()), "redistribute");
+    for (const Step<N>& step : resolve.steps)
+      add_stage(compile_step<T, S>(space, mesh, step, resolve.zero_dims), flat.at(mesh.coords()));
+    auto src_coords = [&](int r) { return mesh.coords_of(r); };
+    auto dst_coords = [&](int r) { return target_mesh.coords_of(r); };
+    auto wants = [&](const std::array<int, NT>& c) { return !holds_zeros(zero_dims, c); };
+    add_stage(compile_exchange<T, S>(space, flat, goal, mesh.size(), mesh.my_rank(), src_coords,
+                                     dst_coords, wants, mesh.group()),
+              goal.at(target_mesh.coords()));
+    zero_result_ = holds_zeros(zero_dims, target_mesh.coords());
+    finish(mesh.group());
+  }
+
+  // Runs every stage on `space`, from `in` to `out`.
+  template <class Space>
+  void run(const Space& space, const ShardView<T, S>& in, const ShardView<T, S>& out) const {
+    // References, not copies: copying a view counts its reference up and down, atomically, on
+    // every apply.
+    const auto shard = [&](int index) -> const ShardView<T, S>& {
+      return index < 0 ? out : intermediates_[static_cast<std::size_t>(index)];
+    };
+    for (const auto& stage : stages_)
+      run_stage(space, stage, stage.in < 0 ? in : shard(stage.in), shard(stage.out));
+    if (zero_result_) Kokkos::deep_copy(space, out, T{});
+  }
+
+  [[nodiscard]] std::size_t steps() const { return stages_.size(); }
+
+ private:
+  // Appends a stage writing a new intermediate shard of `after`'s extents.
+  template <std::size_t M>
+  void add_stage(Stage<T, S> stage, const LayoutMapping<M>& after) {
+    stage.in = stages_.empty() ? -1 : stages_.back().out;
+    stage.out = static_cast<int>(intermediates_.size());
+    intermediates_.emplace_back(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::step"),
+        static_cast<std::size_t>(after.rows.local_extent()),
+        static_cast<std::size_t>(after.cols.local_extent()));
+    stages_.push_back(std::move(stage));
+  }
+
+  // The last stage writes the target itself: its intermediate is not needed. An all-to-all's
+  // totals are known to each rank only for itself (one rank may send its shard to many peers):
+  // one agreement, where the plan has an exchange, so every rank refuses alike.
+  void finish(const comm::Group& group) {
+    stages_.back().out = -1;
+    intermediates_.pop_back();
+    using Kind = typename Stage<T, S>::Kind;
+    Agreement agreement(group);
+    bool exchanges = false;
+    for (const auto& stage : stages_) {
+      exchanges = exchanges || stage.kind == Kind::exchange;
+      agreement.problem(stage.count_problem);
+    }
+    if (exchanges) agreement.settle();
+  }
+
+  std::vector<Stage<T, S>> stages_;
+  std::vector<ShardView<T, S>> intermediates_;
+  bool zero_result_ = false;
+};
+
 }  // namespace detail
 
 /// A redistribution planned once and applied any number of times (heFFTe's reshape plans,
@@ -478,59 +583,9 @@ class RedistributePlan {
         layout_(matrix.layout()),
         target_layout_(target_layout),
         rows_(matrix.rows()),
-        cols_(matrix.cols()) {
-    constexpr std::size_t N = source_rank;
-    constexpr std::size_t NT = target_rank;
-    const detail::Geometry<N> source{layout_.actions(), mesh_.shape(), rows_, cols_};
-    if constexpr (N == NT) {
-      if (same_mesh) {
-        const detail::Plan<N> plan = detail::plan_same_mesh(
-            source, detail::partial_ops<L>(), target_layout_.actions(), detail::partial_ops<LT>());
-        for (const detail::Step<N>& step : plan.steps)
-          add_stage(detail::compile_step<T, MemSpace>(space, mesh_, step, plan.zero_dims),
-                    step.after.at(mesh_.coords()));
-        if (plan.steps.empty()) {
-          detail::Stage<T, MemSpace> copy;
-          copy.kind = detail::Stage<T, MemSpace>::Kind::copy;
-          add_stage(std::move(copy), source.at(mesh_.coords()));
-        }
-        zero_result_ = detail::holds_zeros(plan.zero_dims, mesh_.coords());
-        finish();
-        agree_on_counts();
-        return;
-      }
-    }
-    // Another mesh: pending reductions resolved on the source mesh, then one exact
-    // all-to-all(v) over the communicator.
-    detail::Geometry<N> flat = source;
-    detail::Geometry<NT> goal{target_layout_.actions(), target_mesh_.shape(), rows_, cols_};
-    std::array<bool, NT> zero_dims{};
-    const detail::Plan<N> resolve = detail::plan_resolve_partials(source, detail::partial_ops<L>());
-    for (std::size_t m = 0; m < N; ++m)
-      if (flat.actions[m].kind == PlacementKind::partial)
-        flat.actions[m] = detail::replicate_action();
-    for (std::size_t m = 0; m < NT; ++m) {
-      if (goal.actions[m].kind != PlacementKind::partial) continue;
-      zero_dims[m] = LT::partial_op(m) == ReduceOp::sum && goal.shape[m] > 1;
-      goal.actions[m] = detail::replicate_action();
-    }
-    detail::check_message_size(std::max(flat.max_local_size(), goal.max_local_size()),
-                               "redistribute");
-    for (const detail::Step<N>& step : resolve.steps)
-      add_stage(detail::compile_step<T, MemSpace>(space, mesh_, step, resolve.zero_dims),
-                flat.at(mesh_.coords()));
-    const Mesh<N>& mesh = mesh_;
-    const Mesh<NT>& target = target_mesh_;
-    auto src_coords = [&](int r) { return mesh.coords_of(r); };
-    auto dst_coords = [&](int r) { return target.coords_of(r); };
-    auto wants = [&](const std::array<int, NT>& c) { return !detail::holds_zeros(zero_dims, c); };
-    add_stage(detail::compile_exchange<T, MemSpace>(space, flat, goal, mesh.size(), mesh.my_rank(),
-                                                    src_coords, dst_coords, wants, mesh.group()),
-              goal.at(target.coords()));
-    zero_result_ = detail::holds_zeros(zero_dims, target.coords());
-    finish();
-    agree_on_counts();
-  }
+        cols_(matrix.cols()),
+        move_(space, mesh_, target_mesh_, layout_.actions(), detail::partial_ops<L>(),
+              target_layout_.actions(), detail::partial_ops<LT>(), rows_, cols_, same_mesh) {}
 
   /// Moves `matrix` into `target` on `space` (see the class comment). Throws a `kshard::error`,
   /// changing nothing, when either is not what the plan was made for.
@@ -543,18 +598,10 @@ class RedistributePlan {
                   "matrices' memory space");
     if (auto problem = mismatch(matrix, target)) throw error(*problem);
     const detail::Operation operation("redistribute");
-    // References, not copies: copying a view counts its reference up and down, atomically, on
-    // every apply.
-    using Shard = detail::ShardView<T, MemSpace>;
+    using Shard = detail::ShardView<T, MemSpace>;  // run takes references: no view copies
     static_assert(std::is_same_v<typename target_type::view_type, Shard> &&
                   std::is_same_v<typename source_type::view_type, Shard>);
-    const auto shard = [&](int index) -> const Shard& {
-      return index < 0 ? target.local() : intermediates_[static_cast<std::size_t>(index)];
-    };
-    for (const auto& stage : stages_)
-      detail::run_stage(space, stage, stage.in < 0 ? matrix.local() : shard(stage.in),
-                        shard(stage.out));
-    if (zero_result_) Kokkos::deep_copy(space, target.local(), T{});
+    move_.run(space, matrix.local(), target.local());
   }
 
   /// `apply` on the matrices' default execution-space instance.
@@ -582,40 +629,9 @@ class RedistributePlan {
   /// Global number of columns.
   [[nodiscard]] index_t cols() const { return cols_; }
   /// Number of steps (collectives or local copies) one `apply` runs.
-  [[nodiscard]] std::size_t steps() const { return stages_.size(); }
+  [[nodiscard]] std::size_t steps() const { return move_.steps(); }
 
  private:
-  // Appends a stage writing a new intermediate shard of `after`'s extents.
-  template <std::size_t M>
-  void add_stage(detail::Stage<T, MemSpace> stage, const LayoutMapping<M>& after) {
-    stage.in = stages_.empty() ? -1 : stages_.back().out;
-    stage.out = static_cast<int>(intermediates_.size());
-    intermediates_.emplace_back(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute::step"),
-        static_cast<std::size_t>(after.rows.local_extent()),
-        static_cast<std::size_t>(after.cols.local_extent()));
-    stages_.push_back(std::move(stage));
-  }
-
-  // The last stage writes the target itself: its intermediate is not needed.
-  void finish() {
-    stages_.back().out = -1;
-    intermediates_.pop_back();
-  }
-
-  // An all-to-all's totals are known to each rank only for itself (one rank may send its shard
-  // to many peers): one agreement, where the plan has an exchange, so every rank refuses alike.
-  void agree_on_counts() const {
-    using Kind = typename detail::Stage<T, MemSpace>::Kind;
-    detail::Agreement agreement(mesh_.group());
-    bool exchanges = false;
-    for (const auto& stage : stages_) {
-      exchanges = exchanges || stage.kind == Kind::exchange;
-      agreement.problem(stage.count_problem);
-    }
-    if (exchanges) agreement.settle();
-  }
-
   std::optional<std::string> mismatch(const source_type& matrix, const target_type& target) const {
     constexpr const char* who = "kshard::RedistributePlan::apply";
     const auto check = [&](const auto& m, const auto& mesh, const auto& layout,
@@ -647,9 +663,7 @@ class RedistributePlan {
   LT target_layout_;
   index_t rows_ = 0;
   index_t cols_ = 0;
-  std::vector<detail::Stage<T, MemSpace>> stages_;
-  std::vector<detail::ShardView<T, MemSpace>> intermediates_;
-  bool zero_result_ = false;
+  detail::CompiledMove<T, MemSpace> move_;
 };
 
 namespace detail {

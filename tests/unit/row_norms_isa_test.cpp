@@ -57,16 +57,27 @@ index_t differing_rows(RowKernel kernel, const std::vector<std::uint16_t>& bits,
                         static_cast<index_t>(bits.size()) / cols, cols);
 }
 
+// Under AddressSanitizer (an unoptimised build, 50 s for all 65536 patterns) every column count
+// still runs, on one pattern in 16 (every low nibble among them): there the test is for the
+// kernels' memory accesses, and the optimised builds check the arithmetic on every pattern.
+#ifdef __SANITIZE_ADDRESS__
+constexpr index_t pattern_stride = 16;
+#else
+constexpr index_t pattern_stride = 1;
+#endif
+
 TEST(Bf16RowNormsIsa, EveryBitPatternInEveryLane) {
   int ran = 0;
   for (const RowKernel kernel : x86_kernels()) {
     if (!kshard::detail::row_kernel_runs(kernel)) continue;
     ++ran;
     for (index_t cols = 1; cols <= 3 * kshard::detail::row_lanes; ++cols) {
-      // Pattern p at position p % cols of its row, in a field of 1.0 (0x3f80).
-      std::vector<std::uint16_t> bits(static_cast<std::size_t>(65536 * cols), 0x3f80);
-      for (index_t p = 0; p < 65536; ++p)
-        bits[static_cast<std::size_t>(p * cols + p % cols)] = static_cast<std::uint16_t>(p);
+      // Row r holds its pattern at position r % cols, in a field of 1.0 (0x3f80).
+      constexpr index_t rows = 65536 / pattern_stride;
+      std::vector<std::uint16_t> bits(static_cast<std::size_t>(rows * cols), 0x3f80);
+      for (index_t r = 0; r < rows; ++r)
+        bits[static_cast<std::size_t>(r * cols + r % cols)] =
+            static_cast<std::uint16_t>(r * pattern_stride + r % pattern_stride);
       EXPECT_EQ(differing_rows(kernel, bits, cols), 0)
           << "form " << static_cast<int>(kernel) << ", " << cols << " columns";
     }
