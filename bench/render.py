@@ -184,24 +184,25 @@ def target_rows(records):
         rows.append((what, config_name(r) + note, fmt(value, 3) + unit, goal,
                      verdict(value, target, higher)))
 
-    for t in ("float", "bf16"):
+    for t in ("float", "bf16", "f16"):
         for r in pick(records, "rowwise", "row_squared_norms", type=t):
             add(f"row norms ({t}): fraction of the roofline", r, 1 / r["ratio"], 0.85, True)
     # bf16 against the memory, not against its own conversion-bound roofline kernel: the norms'
     # bytes per second over a STREAM-like read of the same bytes (paired), and over fp32's.
-    for t in ("float", "bf16"):
+    for t in ("float", "bf16", "f16"):
         for r in pick(records, "rowwise", "row_squared_norms_vs_memory", type=t):
             add(f"row norms ({t}): bytes/s over a STREAM-like read of the same bytes", r,
                 r["fraction_of_memory"], 0.85, True)
     names = {"row_squared_norms": "row norms", "detect_no_damage": "detection, nothing damaged",
              "repair_256_rows": "repair of 256 rows"}
-    for operation, name in names.items():
-        for r in pick(records, "rowwise", "bf16_vs_fp32_roofline", operation=operation):
-            add(f"{name}: bf16 bytes/s over fp32's roofline bytes/s", r, r["ratio"], 0.85, True)
-    for t in ("float", "bf16"):
+    for t in ("bf16", "f16"):
+        for operation, name in names.items():
+            for r in pick(records, "rowwise", f"{t}_vs_fp32_roofline", operation=operation):
+                add(f"{name}: {t} bytes/s over fp32's roofline bytes/s", r, r["ratio"], 0.85, True)
+    for t in ("float", "bf16", "f16"):
         for r in pick(records, "rowwise", "detect_no_damage", type=t):
             add(f"detection, nothing damaged ({t}) / one norms pass", r, r["ratio"], 1.10, False)
-    for t in ("float", "bf16"):
+    for t in ("float", "bf16", "f16"):
         for r in pick(records, "rowwise", "repair_256_rows", type=t):
             add(f"repair of 256 rows ({t}) / one norms pass", r, r["ratio"], 1.20, False)
     for t in ("float", "bf16"):

@@ -1,7 +1,7 @@
 // Rowwise algorithms against the memory roofline and against the naive alternatives, all
 // measured in the same run: full-row norms (also against a STREAM-like read of the same bytes),
 // detection, repair of 256 rows (and the three-pass Python algorithm written plainly), each in
-// bf16 also against fp32's roofline read in bytes per second, zero_row (and
+// bf16 and f16 also against fp32's roofline read in bytes per second, zero_row (and
 // gather-zero-scatter), scaling with V. Times are barrier to barrier over all ranks; gbps_all_ranks
 // is total bytes over it.
 
@@ -133,21 +133,19 @@ void damage(const Matrix<T>& m, index_t count) {
 }
 
 // Bytes per second on all ranks together of the roofline read and of the three rowwise
-// operations, per element type; for bf16, also each operation's bytes per second over those of
-// fp32's roofline read timed in alternation with it (the bf16-against-fp32 records).
+// operations, per element type; for bf16 and f16, also each operation's bytes per second over
+// those of fp32's roofline read timed in alternation with it (the against-fp32 records).
 struct Rates {
   double roofline = 0, norms = 0, detection = 0, repair = 0;
   double norms_vs_fp32 = 0, detection_vs_fp32 = 0, repair_vs_fp32 = 0;
 };
 
-// `fp32_roofline` reads an fp32 table of the same shape (bf16 only).
+// `fp32_roofline` reads an fp32 table of the same shape (bf16 and f16 only).
 template <class T>
 Rates run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t rows, index_t cols,
           const kshard::bench::Options& options,
           const std::function<void()>& fp32_roofline = nullptr) {
-  const std::string type = kshard::detail::element_name<T>() == "T"
-                               ? "bf16"
-                               : std::string(kshard::detail::element_name<T>());
+  const std::string type(kshard::detail::element_name<T>());
   const auto input = make_table<T>(mesh, rows, cols, 0.5f);
   const auto output = make_table<T>(mesh, rows, cols, 0.25f);
   const MPI_Comm comm = mesh.comm();
@@ -292,24 +290,28 @@ int main(int argc, char** argv) {
         const auto fp32 = run<float>(report, mesh, rows, cols, options);
         const auto fp32_table = make_table<float>(mesh, rows, cols, 0.5f);
         double sink = 0;
-        const auto bf16 = run<kshard::bf16>(report, mesh, rows, cols, options,
-                                            [&] { sink += roofline<float>(fp32_table.local()); });
+        const auto read_fp32 = [&] { sink += roofline<float>(fp32_table.local()); };
+        const auto bf16 = run<kshard::bf16>(report, mesh, rows, cols, options, read_fp32);
+        const auto f16 = run<kshard::f16>(report, mesh, rows, cols, options, read_fp32);
         if (sink == 1.2345) std::printf(" ");
-        // bf16 is half the bytes of fp32 per element: at the memory's speed it reads as many
-        // bytes per second as fp32 does. Target: bf16 bytes per second of each operation over
-        // fp32's roofline read >= 0.85, each timed in alternation with that read (`ratio`);
-        // `ratio_separate_runs` divides rates from separate runs, as this record did before.
-        const std::tuple<const char*, double, double> operations[] = {
-            {"row_squared_norms", bf16.norms, bf16.norms_vs_fp32},
-            {"detect_no_damage", bf16.detection, bf16.detection_vs_fp32},
-            {"repair_256_rows", bf16.repair, bf16.repair_vs_fp32}};
-        for (const auto& [operation, gbps, paired] : operations)
-          report.add(
-              "bf16_vs_fp32_roofline",
-              fmt::format(
-                  R"("type": "bf16", "operation": "{}", "rows": {}, "cols": {}, "gbps_all_ranks": {:.4g}, "fp32_roofline_gbps_all_ranks": {:.4g}, "fp32_norms_gbps_all_ranks": {:.4g}, "ratio": {:.4g}, "ratio_separate_runs": {:.4g})",
-                  operation, rows, cols, gbps, fp32.roofline, fp32.norms, paired,
-                  gbps / fp32.roofline));
+        // bf16 and f16 are half the bytes of fp32 per element: at the memory's speed they read
+        // as many bytes per second as fp32 does. Target: their bytes per second of each
+        // operation over fp32's roofline read >= 0.85, each timed in alternation with that read
+        // (`ratio`); `ratio_separate_runs` divides rates from separate runs, as this record did
+        // before.
+        for (const auto& [type, rates] : {std::pair{"bf16", bf16}, std::pair{"f16", f16}}) {
+          const std::tuple<const char*, double, double> operations[] = {
+              {"row_squared_norms", rates.norms, rates.norms_vs_fp32},
+              {"detect_no_damage", rates.detection, rates.detection_vs_fp32},
+              {"repair_256_rows", rates.repair, rates.repair_vs_fp32}};
+          for (const auto& [operation, gbps, paired] : operations)
+            report.add(
+                fmt::format("{}_vs_fp32_roofline", type),
+                fmt::format(
+                    R"("type": "{}", "operation": "{}", "rows": {}, "cols": {}, "gbps_all_ranks": {:.4g}, "fp32_roofline_gbps_all_ranks": {:.4g}, "fp32_norms_gbps_all_ranks": {:.4g}, "ratio": {:.4g}, "ratio_separate_runs": {:.4g})",
+                    type, operation, rows, cols, gbps, fp32.roofline, fp32.norms, paired,
+                    gbps / fp32.roofline));
+        }
         // How the cost grows with V: norms at four sizes.
         for (index_t v : {rows / 8, rows / 4, rows / 2, rows}) {
           const auto table = make_table<float>(mesh, v, cols, 0.5f);

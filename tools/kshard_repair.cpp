@@ -267,25 +267,43 @@ void copy_entry(const fs::directory_entry& entry, const fs::path& out, std::erro
     fs::copy_file(entry.path(), target, fs::copy_options::overwrite_existing, failed);
 }
 
+// Rank 0 removes what a failed run made (the output folder, what was copied into one that
+// existed, the weights files written): a checkpoint it started would load with some shards
+// repaired and others missing, or look like a finished output.
+void remove_on_rank0(const std::vector<fs::path>& paths) {
+  if (world_rank() != 0) return;
+  std::error_code ignored;  // best effort: the error that brought us here is what is reported
+  for (const auto& path : paths) fs::remove_all(path, ignored);
+}
+
 // Rank 0 makes the output folder and copies the checkpoint folder's other contents into it
-// (config, tokenizer, index, subfolders); every rank learns whether that worked. Filesystem
-// calls report through error codes: a throw on rank 0 alone would leave the others waiting.
-void prepare_output_folder(const io::Checkpoint& model, const fs::path& out) {
+// (config, tokenizer, index, subfolders); every rank learns whether that worked. Returns what
+// it made, for remove_on_rank0 if the run fails later: the folder, or what it copied into a
+// folder that existed (empty on the other ranks); after a failure here that is removed
+// already. Filesystem calls report through error codes: a throw on rank 0 alone would leave
+// the others waiting.
+std::vector<fs::path> prepare_output_folder(const io::Checkpoint& model, const fs::path& out) {
   std::error_code failed;
   fs::path where;  // the entry that failed, for the message
+  std::vector<fs::path> made;
   if (world_rank() == 0) {
-    fs::create_directories(out, failed);
+    const bool existed = fs::exists(out, failed);
+    if (!existed && !failed && fs::create_directories(out, failed)) made.push_back(out);
     for (fs::directory_iterator it(model.path(), failed), end; !failed && it != end;
          it.increment(failed)) {
       std::error_code differs;  // --out inside the checkpoint folder: never copied into itself
       if (not_copied(model, it->path().filename()) || fs::equivalent(it->path(), out, differs))
         continue;
+      const fs::path target = out / it->path().filename();
+      std::error_code absent;
+      if (existed && !fs::exists(target, absent)) made.push_back(target);  // not what it had
       copy_entry(*it, out, failed);
       if (failed) {  // before increment(), which would clear it
         where = it->path();
         break;
       }
     }
+    if (failed) remove_on_rank0(made);
   }
   int ok = failed ? 0 : 1;
   MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
@@ -294,14 +312,7 @@ void prepare_output_folder(const io::Checkpoint& model, const fs::path& out) {
                   fmt::format("cannot prepare the output folder '{}'{}{}", out.string(),
                               where.empty() ? std::string() : " (copying '" + where.string() + "')",
                               failed ? ": " + failed.message() : std::string())};
-}
-
-// Rank 0 removes the weights files a failed run wrote: the checkpoint it started would load
-// with some shards repaired and others missing.
-void remove_on_rank0(const std::vector<std::string>& paths) {
-  if (world_rank() != 0) return;
-  std::error_code ignored;  // best effort: the error that brought us here is what is reported
-  for (const auto& path : paths) fs::remove(path, ignored);
+  return made;
 }
 
 // Writes the repaired rows: a new checkpoint or in place. Returns the files written.
@@ -318,7 +329,8 @@ std::vector<std::string> write_result(const Options& options, const io::Checkpoi
         file.path().string(), options.model);
     return {file.path().string()};
   }
-  if (model.is_folder()) prepare_output_folder(model, options.out);
+  std::vector<fs::path> made;
+  if (model.is_folder()) made = prepare_output_folder(model, options.out);
   try {
     for (const auto& each : model.files()) {  // untouched files are copied in parallel too
       const bool holds = &each == &file;
@@ -326,8 +338,9 @@ std::vector<std::string> write_result(const Options& options, const io::Checkpoi
                             holds ? update : std::vector<io::TensorUpdate>{});
       written.push_back(output_of(options, model, each).string());
     }
-  } catch (const kshard::error&) {  // every rank: a sharded output is whole or absent
-    remove_on_rank0(written);
+  } catch (const kshard::error&) {  // every rank: an output is whole or absent
+    made.insert(made.end(), written.begin(), written.end());
+    remove_on_rank0(made);
     throw;
   }
   return written;

@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -61,15 +63,22 @@ class Mesh {
   /// same `kshard::error` when the shape's product is not the communicator size, an extent
   /// is < 1, names repeat, or the ranks disagree on the mesh rank `N`, the shape or the names.
   /// A rank given `MPI_COMM_NULL` throws at once, without communicating (it is in no
-  /// communicator to tell the others through).
-  Mesh(MPI_Comm comm, const std::array<int, N>& shape, const std::array<std::string, N>& names)
-      : state_(std::make_shared<State>()) {
+  /// communicator to tell the others through). A mesh built alike to one still alive (over
+  /// the same communicator, with the same shape and names, on every rank of it) is that mesh:
+  /// equal to it, with its communicators, so that ranks that built it twice, or picked the
+  /// other of two such meshes, still meet in the same collectives. Cost: one all-reduce of two
+  /// integers over `comm`; a new mesh also duplicates `comm`, agrees on the shape and splits
+  /// one communicator per dimension.
+  Mesh(MPI_Comm comm, const std::array<int, N>& shape, const std::array<std::string, N>& names) {
     const detail::Operation operation("Mesh");
     if (comm == MPI_COMM_NULL)
       throw error(
           "kshard::Mesh: the communicator is MPI_COMM_NULL on this rank (a rank outside the "
           "group of an MPI_Comm_split or MPI_Comm_create); build the mesh only on the ranks of "
           "the communicator");
+    state_ = alive_alike(comm, shape, names);
+    if (state_) return;
+    state_ = std::make_shared<State>();
     State& s = *state_;
     s.shape = shape;
     s.names = names;
@@ -87,6 +96,8 @@ class Mesh {
     s.coords = coords_of(s.rank);
     for (std::size_t m = 0; m < N; ++m)
       s.dim_groups[m] = split({m}, fmt::format("mesh dimension {} ('{}')", m, names[m]));
+    s.tag = new_tag(s.group);
+    registry().add(comm, state_);
   }
 
   /// Builds the mesh with default dimension names "d0", "d1", ...
@@ -168,7 +179,8 @@ class Mesh {
     return rank;
   }
 
-  /// Two meshes are the same when they share their communicators (copies of one mesh).
+  /// Two meshes are the same when they share their communicators: copies of one mesh, or
+  /// meshes built alike while it was alive (see the constructor).
   friend bool operator==(const Mesh& a, const Mesh& b) { return a.state_ == b.state_; }
 
  private:
@@ -200,7 +212,67 @@ class Mesh {
     std::array<int, N> coords{};
     comm::Group group;
     std::array<comm::Group, N> dim_groups{};
+    std::uint64_t tag = 0;  // the same on every rank of the mesh, unique to it; 0: a sub-mesh
   };
+
+  // The meshes of rank N built in this process and still alive, with the communicator each
+  // was built over (compared as a handle, then checked congruent: a freed handle may come
+  // back for another group).
+  class Registry {
+   public:
+    std::shared_ptr<State> find(MPI_Comm comm, const std::array<int, N>& shape,
+                                const std::array<std::string, N>& names) {
+      const std::lock_guard lock(mutex_);
+      std::erase_if(entries_, [](const Entry& e) { return e.state.expired(); });
+      for (const Entry& e : entries_)
+        if (auto state = e.state.lock(); state && e.comm == comm && state->shape == shape &&
+                                         state->names == names &&
+                                         detail::congruent(comm, state->group.native()))
+          return state;
+      return nullptr;
+    }
+    void add(MPI_Comm comm, const std::shared_ptr<State>& state) {
+      const std::lock_guard lock(mutex_);
+      entries_.push_back({comm, state});
+    }
+
+   private:
+    struct Entry {
+      MPI_Comm comm;
+      std::weak_ptr<State> state;
+    };
+    std::mutex mutex_;
+    std::vector<Entry> entries_;
+  };
+  static Registry& registry() {
+    static Registry meshes;
+    return meshes;
+  }
+
+  // The live mesh built alike over `comm`, when every rank of `comm` has the same one (their
+  // tags agree: the least tag and the least complement of a tag over `comm` give the least and
+  // the greatest), else null on every rank.
+  static std::shared_ptr<State> alive_alike(MPI_Comm comm, const std::array<int, N>& shape,
+                                            const std::array<std::string, N>& names) {
+    std::shared_ptr<State> mine = registry().find(comm, shape, names);
+    const std::uint64_t tag = mine ? mine->tag : 0;
+    std::uint64_t least[2] = {tag, ~tag};
+    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, least, 2, MPI_UINT64_T, MPI_MIN, comm),
+                      "MPI_Allreduce");
+    const bool everywhere = tag != 0 && least[0] == tag && ~least[1] == tag;
+    return everywhere ? mine : nullptr;
+  }
+
+  // Rank 0's random non-zero tag for a new mesh, on every rank of `group`.
+  static std::uint64_t new_tag(const comm::Group& group) {
+    std::uint64_t tag = 0;
+    if (group.rank() == 0) {
+      std::random_device random;
+      while (tag == 0) tag = (std::uint64_t{random()} << 32) ^ random();
+    }
+    group.bcast(&tag, 1, 0);
+    return tag;
+  }
 
   static std::array<std::string, N> default_names() {
     std::array<std::string, N> names;

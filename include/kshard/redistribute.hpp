@@ -557,8 +557,9 @@ class CompiledMove {
 /// runs on another instance.
 ///
 /// Checks (local, no communication, a few integer comparisons per call): the matrix and target
-/// are on the plan's meshes (the same `Mesh` object or a copy of it, not another mesh over the
-/// same ranks), of the plan's global shape and layouts (split factors included), contiguous,
+/// are on the plan's meshes (the same `Mesh` object, a copy of it or one built alike, not
+/// another mesh over the same ranks), of the plan's global shape and layouts (split factors
+/// included), contiguous,
 /// and do not share memory; otherwise `apply` throws a `kshard::error` naming what differs,
 /// with nothing changed. Shapes and layouts of a `DistMatrix` are agreed when it is made, so
 /// when every rank passes the same matrices the outcome is the same on every rank; passing
@@ -638,8 +639,8 @@ class RedistributePlan {
                            const char* role) -> std::optional<std::string> {
       if (!(m.mesh() == mesh))
         return fmt::format(
-            "{}: the {} is on another mesh than the plan's (the same Mesh object or a copy of "
-            "it is needed, not another mesh over the same ranks)",
+            "{}: the {} is on another mesh than the plan's (the same Mesh object, a copy of "
+            "it or one built alike is needed, not another mesh over the same ranks)",
             who, role);
       if (m.rows() != rows_ || m.cols() != cols_)
         return fmt::format("{}: the {} is {} x {} but the plan was made for {} x {}", who, role,

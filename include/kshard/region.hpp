@@ -79,6 +79,7 @@ void reduce_from_tp(const ExecSpace& space, const Mesh<N>& mesh, std::size_t tp_
   static_assert(
       detail::tp_float_v<T> || std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>,
       "kshard::reduce_from_tp: values must be float, double, int32 or int64");
+  const detail::Operation operation("reduce_from_tp");
   if (tp_dim >= N)
     throw error(
         fmt::format("kshard::reduce_from_tp: tp_dim is {}, but the mesh {} has {} "

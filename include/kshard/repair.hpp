@@ -278,7 +278,12 @@ std::vector<index_t> agree_on_repair(const In& input, const Out* output, const R
       .same("RepairConfig::min_norm()", std::bit_cast<std::int64_t>(config.min_norm()),
             [](std::int64_t bits) { return fmt::format("{}", std::bit_cast<double>(bits)); })
       .same("RepairConfig::max_rows()", config.max_rows())
-      .same("RepairConfig::strategy()", static_cast<std::int64_t>(config.strategy()))
+      .same("RepairConfig::strategy()", static_cast<std::int64_t>(config.strategy()),
+            [](std::int64_t v) {
+              return std::string(v == static_cast<std::int64_t>(RepairStrategy::output_direction)
+                                     ? "output_direction"
+                                     : "mean_direction");
+            })
       .same("RepairConfig::relative_threshold()",
             std::bit_cast<std::int64_t>(config.relative_threshold().value_or(0.0)),
             [](std::int64_t bits) {  // 0: off (an on ratio is > 0)

@@ -87,7 +87,7 @@ bool zero_row(const M& matrix, index_t row) {
 }
 
 /// Full-row squared L2 norms of the local rows, in local row order: elements are widened to
-/// fp64, squared and summed in fp64 (no finite row of float or bf16 overflows), then summed
+/// fp64, squared and summed in fp64 (no finite row of float, bf16 or f16 overflows), then summed
 /// over the mesh dimensions that split columns (only those). One pass over the local shard,
 /// on `space`. Collective over the mesh (every rank calls it).
 template <class ExecSpace, DistributedMatrix M>

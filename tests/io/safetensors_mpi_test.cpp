@@ -367,6 +367,38 @@ void in_place(const Scratch& scratch, const kshard::Mesh<N>& mesh, const L& layo
   EXPECT_FALSE(fs::exists(undo));
 }
 
+// A file that shrinks after it was opened (its header read) is refused on every rank, whichever
+// ranks' blocks lie past the new end: a collective read may report every byte read where it
+// filled zeros, and a rank whose read came up short must still reach the collective close.
+TEST(SafetensorsMpi, RefusesAFileThatShrankAfterItWasOpened) {
+  const Scratch scratch;
+  const int size = kshard::test::world_size();
+  const kshard::Mesh<1> line(MPI_COMM_WORLD, {size});
+  const kshard::Mesh<2> grid(MPI_COMM_WORLD, {size, 1});
+  const auto full = kshard::test::reference_matrix<float>(12, 4, 3);
+  const fs::path path = scratch / "shrinks.safetensors";
+  auto refused = [&](const auto& mesh, const auto& layout, double kept) {
+    write_file(path, checkpoint_image(full));
+    const io::SafetensorsFile file(mesh, path);
+    const io::TensorEntry& weight = *file.header().find("weight");
+    const auto cut = file.file_offset(weight) +
+                     static_cast<std::uint64_t>(kept * static_cast<double>(weight.bytes()));
+    if (kshard::test::world_rank() == 0) fs::resize_file(path, cut);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const std::string message = kshard::test::collective_error([&] {
+      static_cast<void>(io::read_matrix<float, ExecSpace, MemSpace>(file, "weight", mesh, layout));
+    });
+    EXPECT_NE(message.find("shorter than"), std::string::npos) << message;
+    EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+  };
+  for (const double kept : {0.0, 0.4, 0.99, 1.0}) {
+    refused(line, kshard::Layout(kshard::Shard<0>{}), kept);
+    refused(line, kshard::Layout(kshard::Shard<1>{}), kept);
+    refused(line, kshard::Layout(kshard::Replicate{}), kept);
+    refused(grid, kshard::Layout(kshard::Replicate{}, kshard::Shard<0>{}), kept);
+  }
+}
+
 TEST(SafetensorsMpi, WritesRowsInPlaceAndUndoes) {
   const Scratch scratch;
   const int size = kshard::test::world_size();

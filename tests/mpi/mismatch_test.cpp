@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -188,6 +189,52 @@ TEST(Mismatch, GatherOfAnotherMatrix) {
       "shape", {"the number of rows of the matrix differs between ranks: 8 on rank 0, 9"},
       [&](bool here) { (void)kshard::gather(here ? taller : by_rows); },
       {watch(by_rows), watch(taller)}, one_rank_only);
+}
+
+// Two meshes built alike (the same communicator, shape and names) are one mesh: a rank-dependent
+// `if` that picks the matrix of the other one on some ranks gets the same collectives, and the
+// right answers, instead of ranks waiting on communicators of their own. Meshes built otherwise
+// (other names) stay apart, and one built while its twin lives on some ranks only is new.
+TEST(Mismatch, MeshesBuiltAlikeAreOneMesh) {
+  const int size = world_size();
+  const bool last = kshard::test::world_rank() == size - 1;
+  const kshard::Mesh<1> a(MPI_COMM_WORLD, {size});
+  const kshard::Mesh<1> b(MPI_COMM_WORLD, {size});
+  EXPECT_TRUE(a == b);
+  EXPECT_EQ(a.comm(), b.comm());
+  EXPECT_EQ(a.sub(0).comm(), b.sub(0).comm());
+  const kshard::Mesh<1> named(MPI_COMM_WORLD, {size}, {"other"});
+  EXPECT_FALSE(named == a);
+  const kshard::Mesh<2> grid(MPI_COMM_WORLD, {1, size});
+  const kshard::Mesh<2> grid_again(MPI_COMM_WORLD, {1, size});
+  EXPECT_TRUE(grid == grid_again);
+
+  const auto full = kshard::test::reference_matrix<float>(8, 3, 1);
+  const auto is_full = [&](const auto& host) {
+    bool equal = true;
+    for (std::size_t i = 0; i < 8; ++i)
+      for (std::size_t j = 0; j < 3; ++j) equal = equal && host(i, j) == full(i, j);
+    return all_ranks(equal);
+  };
+  const auto m = make(last ? b : a, Layout(Shard<0>{}), 8, 3);
+  EXPECT_TRUE(is_full(kshard::gather(m)));
+  const Matrix<float, Layout<Replicate>> on_a(a, {}, 8, 3);
+  const Matrix<float, Layout<Replicate>> on_b(b, {}, 8, 3);
+  const auto& target = last ? on_b : on_a;
+  kshard::redistribute_into(m, target);
+  EXPECT_TRUE(is_full(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), target.local())));
+  const auto on_a_only = make(a, Layout(Shard<0>{}), 8, 3);
+  const auto report = kshard::find_damaged_rows(last ? m : on_a_only);
+  EXPECT_TRUE(all_ranks(report && report->repaired_row_ids.empty()));
+
+  std::optional<kshard::Mesh<1>> kept;  // alive on rank 0 only
+  {
+    const kshard::Mesh<1> first(MPI_COMM_WORLD, {size}, {"once"});
+    if (kshard::test::world_rank() == 0) kept.emplace(first);
+  }
+  const kshard::Mesh<1> again(MPI_COMM_WORLD, {size}, {"once"});
+  EXPECT_EQ(kept && *kept == again, size == 1);  // alive on every rank only when there is one
+  EXPECT_TRUE(all_ranks(kshard::gather(make(again, Layout(Shard<0>{}), 8, 3))(7, 2) == full(7, 2)));
 }
 
 TEST(Mismatch, RedistributeTargetsAndSources) {

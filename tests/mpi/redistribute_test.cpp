@@ -352,7 +352,7 @@ TEST(Redistribute, InstanceOverloadsMatchTheDefaultInstance) {
 TEST(Redistribute, PlanRefusesOtherMatricesAndChangesNothing) {
   const int size = world_size();
   kshard::Mesh<1> line(MPI_COMM_WORLD, {size});
-  kshard::Mesh<1> twin(MPI_COMM_WORLD, {size});  // the same shape and ranks, another mesh
+  kshard::Mesh<1> twin(MPI_COMM_WORLD, {size}, {"twin"});  // the same ranks, another mesh
   using Source = Layout<StridedShard<0>>;
   using Target = Layout<Shard<1>>;
   const auto full = reference_matrix<double>(9, 6, 31);

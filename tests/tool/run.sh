@@ -7,9 +7,11 @@
 # Every case checks the exit code of EVERY rank (a wrapper records each rank's) and, where the
 # tool must not write, that nothing was written:
 #   - a non-UTF-8 model name or --embed with --report: the report is written (valid JSON);
-#   - a symbolic link loop in a checkpoint folder with --out: exit 2, no crash;
+#   - a symbolic link loop in a checkpoint folder with --out: exit 2, no crash, no output
+#     folder left;
 #   - --out on a folder copies its subfolders (1_Pooling/);
-#   - --out on a sharded folder whose second shard cannot be written: exit 2, no shard left;
+#   - --out on a sharded folder whose second shard cannot be written: exit 2, no shard and no
+#     copied file left, the folder as it was;
 #   - --report naming --out or MODEL: exit 2, the checkpoint untouched, no output;
 #   - --undo on a copy of an in-place repaired folder: exit 2, neither folder restored;
 #   - 1-D and 3-D embeddings, F16 and F64 LM heads next to an F32 embedding: exit 1;
@@ -108,6 +110,7 @@ python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["status"] == "d
 # D4: a link loop in the checkpoint folder is an error on every rank.
 cp -r "$cases/folder" loopdir && ln -s loop loopdir/loop
 expect symlink_loop 2 loopdir --out loop_out
+[ -e loop_out ] && fail "symlink_loop: the output folder it made was left behind"
 
 # D7: --out copies the folder's subfolders too.
 expect folder_out 0 "$cases/folder" --out folder_out
@@ -116,12 +119,15 @@ for f in config.json tokenizer.json 1_Pooling/config.json; do
 done
 
 # D14: a sharded output is whole or absent: the second shard cannot be written (a folder holds
-# its name), so the first, already written, is removed again.
+# its name), so the first, already written, and the copied index are removed again; the folder
+# keeps what it had.
 expect sharded_out 0 "$cases/sharded" --out sharded_out
 mkdir -p sharded_fail/model-00002-of-00002.safetensors
 expect sharded_out_fails 2 "$cases/sharded" --out sharded_fail
 [ -e sharded_fail/model-00001-of-00002.safetensors ] &&
   fail "sharded_out_fails: the first shard was left behind"
+[ "$(ls -A sharded_fail)" = model-00002-of-00002.safetensors ] ||
+  fail "sharded_out_fails: left behind: $(ls -A sharded_fail | tr '\n' ' ')"
 
 # D12: a report that would overwrite the output or the checkpoint is refused, nothing written.
 cp "$good" rg.safetensors && cp "$good" rg.orig

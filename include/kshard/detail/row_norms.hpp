@@ -11,18 +11,20 @@
 
 #include "kshard/bfloat16.hpp"
 #include "kshard/detail/int_limit.hpp"
+#include "kshard/float16.hpp"
 #include "kshard/index.hpp"
 
-// The bf16 and fp32 host kernels have x86 forms for AVX2 and AVX-512, compiled into every x86
-// host build with GCC or Clang (function target attributes: no -m flag needed) and chosen at run
-// time by what the CPU has; never in a CUDA/HIP/SYCL compilation, which uses the portable loops
-// below.
+// The bf16, f16 and fp32 host kernels have x86 forms for AVX2 and AVX-512 (with F16C, which every
+// x86 CPU with AVX2 has, for f16), compiled into every x86 host build with GCC or Clang (function
+// target attributes: no -m flag needed) and chosen at run time by what the CPU has; never in a
+// CUDA/HIP/SYCL compilation, which uses the portable loops below.
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
     !defined(__CUDACC__) && !defined(__HIPCC__) && !defined(__SYCL_DEVICE_ONLY__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KSHARD_ROW_NORMS_X86 1
-#define KSHARD_TARGET_AVX2 __attribute__((target("avx2,fma")))
-#define KSHARD_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma")))
+#define KSHARD_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KSHARD_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 #else
 #define KSHARD_ROW_NORMS_X86 0
 #endif
@@ -50,7 +52,7 @@ template <class ExecSpace>
 inline constexpr bool is_host_space_v =
     Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
 
-// bf16 and fp32 rows on the host: one fp64 add chain per accumulator caps a core below the
+// bf16, f16 and fp32 rows on the host: one fp64 add chain per accumulator caps a core below the
 // memory's speed unless a row is spread over many, so the sum runs over 32 fp64 accumulators
 // (`row_lane` says which one takes each element of a block of 32), summed at
 // the end in one fixed order. Every path below (AVX-512, AVX2, portable) computes the same
@@ -61,7 +63,9 @@ inline constexpr bool is_host_space_v =
 // speed on a Zen 5 core.
 //
 // A bf16 element is read as the two bytes it is stored in, widened exactly to float by moving
-// them into the top half of 32 bits; bf16 and fp32 elements are converted exactly to double and
+// them into the top half of 32 bits; an f16 one is widened exactly by F16C's vcvtph2ps (as
+// kshard::f16's own conversion does, NaNs quieted alike); the floats are converted exactly to
+// double and
 // squared in double, as `squared` does (the square of a 24-bit significand is exact in double,
 // and lies within its range; in float it would overflow above 2^64 and lose bits below 2^-63,
 // which is why the square is not taken in float).
@@ -83,10 +87,11 @@ KOKKOS_INLINE_FUNCTION constexpr int bf16_lane(int k) {
   return (k & 16) | ((k & 1) << 3) | ((k >> 1) & 7);
 }
 
-// The accumulator of element k of a block of 32 of a bf16 row (bf16_lane) or an fp32 row (its
-// own: the x86 forms widen consecutive fp32 elements).
+// The accumulator of element k of a block of 32 of a bf16 row (bf16_lane) or an fp32 or f16 row
+// (its own: the x86 forms widen consecutive fp32 and f16 elements).
 KOKKOS_INLINE_FUNCTION constexpr int row_lane(const bf16*, int k) { return bf16_lane(k); }
 KOKKOS_INLINE_FUNCTION constexpr int row_lane(const float*, int k) { return k; }
+KOKKOS_INLINE_FUNCTION constexpr int row_lane(const f16*, int k) { return k; }
 
 // The fixed final order: halves, then quarters, ..., then the remainder-free total.
 KOKKOS_INLINE_FUNCTION double sum_lanes(double (&a)[row_lanes]) {
@@ -117,8 +122,9 @@ KOKKOS_INLINE_FUNCTION double row_squared_norm_portable(const bf16* row, index_t
   return sum_lanes(a);
 }
 
-// The portable form of the fp32 row kernel.
-KOKKOS_INLINE_FUNCTION double row_squared_norm_portable(const float* row, index_t cols) {
+// The portable form of the fp32 and f16 row kernels: element k of a block in lane k.
+template <class T>
+KOKKOS_INLINE_FUNCTION double consecutive_lanes_portable(const T* row, index_t cols) {
   double a[row_lanes] = {};
   index_t j = 0;
   for (; j + row_lanes <= cols; j += row_lanes)
@@ -126,8 +132,14 @@ KOKKOS_INLINE_FUNCTION double row_squared_norm_portable(const float* row, index_
   add_rest(a, row + j, static_cast<int>(cols - j));
   return sum_lanes(a);
 }
+KOKKOS_INLINE_FUNCTION double row_squared_norm_portable(const float* row, index_t cols) {
+  return consecutive_lanes_portable(row, cols);
+}
+KOKKOS_INLINE_FUNCTION double row_squared_norm_portable(const f16* row, index_t cols) {
+  return consecutive_lanes_portable(row, cols);
+}
 
-// The forms of the bf16 and fp32 row kernels: the portable loop, and on x86 hosts the AVX2 and
+// The forms of the bf16, f16 and fp32 row kernels: the portable loop, and on x86 hosts the AVX2 and
 // AVX-512 ones, all giving the same bits.
 enum class RowKernel { portable, avx2, avx512 };
 
@@ -223,18 +235,31 @@ KSHARD_TARGET_AVX512 inline double row_squared_norm_avx512(const bf16* row, inde
   return finish_avx512({c0, c1, c2, c3}, row + j, static_cast<int>(cols - j));
 }
 
-// fp32: four zmm accumulators of eight consecutive elements.
-KSHARD_TARGET_AVX512 inline double row_squared_norm_avx512(const float* row, index_t cols) {
+// Eight consecutive fp32 or f16 elements at `p` (unaligned) as floats, exactly (f16: F16C).
+KSHARD_TARGET_AVX2 inline __m256 eight_floats(const float* p) { return _mm256_loadu_ps(p); }
+KSHARD_TARGET_AVX2 inline __m256 eight_floats(const f16* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// fp32 and f16: four zmm accumulators of eight consecutive elements.
+template <class T>
+KSHARD_TARGET_AVX512 double consecutive_lanes_avx512(const T* row, index_t cols) {
   index_t j = 0;
   __m512d c0 = _mm512_setzero_pd(), c1 = c0, c2 = c0, c3 = c0;
   for (; j + row_lanes <= cols; j += row_lanes) {
     prefetch_ahead(row + j);
-    c0 = add_square(c0, to_double(_mm256_loadu_ps(row + j)));
-    c1 = add_square(c1, to_double(_mm256_loadu_ps(row + j + 8)));
-    c2 = add_square(c2, to_double(_mm256_loadu_ps(row + j + 16)));
-    c3 = add_square(c3, to_double(_mm256_loadu_ps(row + j + 24)));
+    c0 = add_square(c0, to_double(eight_floats(row + j)));
+    c1 = add_square(c1, to_double(eight_floats(row + j + 8)));
+    c2 = add_square(c2, to_double(eight_floats(row + j + 16)));
+    c3 = add_square(c3, to_double(eight_floats(row + j + 24)));
   }
   return finish_avx512({c0, c1, c2, c3}, row + j, static_cast<int>(cols - j));
+}
+KSHARD_TARGET_AVX512 inline double row_squared_norm_avx512(const float* row, index_t cols) {
+  return consecutive_lanes_avx512(row, cols);
+}
+KSHARD_TARGET_AVX512 inline double row_squared_norm_avx512(const f16* row, index_t cols) {
+  return consecutive_lanes_avx512(row, cols);
 }
 
 // sum_lanes' order by vector adds of the same pairs, as sum_lanes_avx512, on ymm halves.
@@ -289,21 +314,40 @@ KSHARD_TARGET_AVX2 inline double row_squared_norm_avx2(const bf16* row, index_t 
   return finish_avx2({c0, c1, c2, c3}, {c4, c5, c6, c7}, row + j, static_cast<int>(cols - j));
 }
 
-KSHARD_TARGET_AVX2 inline double row_squared_norm_avx2(const float* row, index_t cols) {
+// fp32 and f16: eight ymm accumulators of four consecutive elements.
+template <class T>
+KSHARD_TARGET_AVX2 double consecutive_lanes_avx2(const T* row, index_t cols) {
   index_t j = 0;
   __m256d c0 = _mm256_setzero_pd(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
   for (; j + row_lanes <= cols; j += row_lanes) {
     prefetch_ahead(row + j);
-    c0 = add_square(c0, _mm256_cvtps_pd(_mm_loadu_ps(row + j)));
-    c1 = add_square(c1, _mm256_cvtps_pd(_mm_loadu_ps(row + j + 4)));
-    c2 = add_square(c2, _mm256_cvtps_pd(_mm_loadu_ps(row + j + 8)));
-    c3 = add_square(c3, _mm256_cvtps_pd(_mm_loadu_ps(row + j + 12)));
-    c4 = add_square(c4, _mm256_cvtps_pd(_mm_loadu_ps(row + j + 16)));
-    c5 = add_square(c5, _mm256_cvtps_pd(_mm_loadu_ps(row + j + 20)));
-    c6 = add_square(c6, _mm256_cvtps_pd(_mm_loadu_ps(row + j + 24)));
-    c7 = add_square(c7, _mm256_cvtps_pd(_mm_loadu_ps(row + j + 28)));
+    const __m256 first = eight_floats(row + j);
+    const __m256 second = eight_floats(row + j + 8);
+    const __m256 third = eight_floats(row + j + 16);
+    const __m256 fourth = eight_floats(row + j + 24);
+    c0 = add_square(c0, low_to_double(first));
+    c1 = add_square(c1, high_to_double(first));
+    c2 = add_square(c2, low_to_double(second));
+    c3 = add_square(c3, high_to_double(second));
+    c4 = add_square(c4, low_to_double(third));
+    c5 = add_square(c5, high_to_double(third));
+    c6 = add_square(c6, low_to_double(fourth));
+    c7 = add_square(c7, high_to_double(fourth));
   }
   return finish_avx2({c0, c1, c2, c3}, {c4, c5, c6, c7}, row + j, static_cast<int>(cols - j));
+}
+KSHARD_TARGET_AVX2 inline double row_squared_norm_avx2(const float* row, index_t cols) {
+  return consecutive_lanes_avx2(row, cols);
+}
+KSHARD_TARGET_AVX2 inline double row_squared_norm_avx2(const f16* row, index_t cols) {
+  return consecutive_lanes_avx2(row, cols);
+}
+
+// F16C: CPUID leaf 1, ECX bit 29 (Clang 14's __builtin_cpu_supports does not name it); it uses
+// the ymm registers, whose saving AVX2's check covers.
+inline bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
 }
 #endif
 
@@ -314,9 +358,9 @@ inline bool row_kernel_runs(RowKernel kernel) {
   switch (kernel) {
     case RowKernel::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-             __builtin_cpu_supports("fma");
+             __builtin_cpu_supports("fma") && cpu_has_f16c();
     case RowKernel::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case RowKernel::portable:
       return true;
   }
@@ -332,7 +376,7 @@ inline RowKernel fastest_row_kernel() {
   return fastest;
 }
 
-// One bf16 or fp32 row on a host execution space with the given form (one this CPU runs); the
+// One bf16, f16 or fp32 row on a host execution space with the given form (one this CPU runs); the
 // portable form in any device pass of a KOKKOS_LAMBDA, which never runs it.
 template <class T>
 KOKKOS_INLINE_FUNCTION double row_squared_norm(RowKernel kernel, const T* row, index_t cols) {
@@ -403,8 +447,8 @@ void row_sums(const ExecSpace& space, const char* label, index_t rows, index_t c
   }
 }
 
-// Squared norms of the local parts of the local rows (no communication). On the host, bf16 and
-// fp32 rows take the fastest row_squared_norm this CPU runs; fp64 ones eight fp64 accumulators
+// Squared norms of the local parts of the local rows (no communication). On the host, bf16, f16
+// and fp32 rows take the fastest row_squared_norm this CPU runs; fp64 ones eight fp64 accumulators
 // (an fp64 element is as many bytes as the adds it costs keep up with).
 template <class ExecSpace, class View, class Out>
 void local_row_squared_norms(const ExecSpace& space, const View& local, const Out& out) {
@@ -414,7 +458,7 @@ void local_row_squared_norms(const ExecSpace& space, const View& local, const Ou
   const auto stride = static_cast<index_t>(local.stride(0));
   using T = typename View::non_const_value_type;
   if constexpr (is_host_space_v<ExecSpace> &&
-                (std::is_same_v<T, bf16> || std::is_same_v<T, float>)) {
+                (std::is_same_v<T, bf16> || std::is_same_v<T, f16> || std::is_same_v<T, float>)) {
     const RowKernel kernel = fastest_row_kernel();
     Kokkos::parallel_for(
         "kshard::row_norms",

@@ -322,7 +322,15 @@ void read_blocks(const ExecSpace& space, const SafetensorsFile& file, const Tens
                    [&](void* data, int count, MPI_Datatype type, index_t bytes) {
                      handle->read_all(data, count, type, bytes);
                    });
+          // A collective read past the end may fill zeros and report every byte read (ROMIO's
+          // and OMPIO's aggregators do): the size, as every rank sees it, tells.
+          const std::uint64_t size = handle->size();
           handle->close();
+          if (size < file.file_size())
+            throw error(fmt::format(
+                "kshard::io: '{}' is {} bytes, shorter than the {} its header says (it changed "
+                "after it was opened); tensor {} was not read",
+                file.path().string(), size, file.file_size(), in_quotes(entry.name)));
         }));
   if (auto group = replica_group<L>(mesh))
     broadcast_bytes(host.data(), host.size() * sizeof(typename M::value_type), *group);
@@ -936,8 +944,9 @@ inline void write_rows(const kshard::comm::Group& group, const SafetensorsFile& 
   agree(group, attempt([&] { in.emplace(group.native(), file.path().string(), MPI_MODE_RDONLY); }));
   std::optional<std::string> problem;
   problem = attempt([&] {
-    if (auto differs = verify_updates(*in, file, updates)) throw error(*differs);
-    in->close();
+    const auto differs = verify_updates(*in, file, updates);
+    in->close();  // collective: before a throw on some ranks only
+    if (differs) throw error(*differs);
   });
   agree(group, problem);
 }

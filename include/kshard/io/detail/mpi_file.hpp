@@ -6,6 +6,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -138,10 +139,12 @@ ShardTypes shard_types(const LayoutMapping<N>& mapping, const std::vector<IndexR
 }
 
 // An MPI file opened collectively; closed (collectively) when the handle goes. Errors return
-// codes (MPI's default for files), which every call checks.
+// codes (MPI's default for files), which every call checks. A collective read or write that
+// moves fewer bytes than asked is reported by close(), not where it happens: a rank that threw
+// there would leave the others waiting in the next collective call (a view reset, the close).
 class File {
  public:
-  File(MPI_Comm comm, const std::string& path, int mode) {
+  File(MPI_Comm comm, const std::string& path, int mode) : path_(path) {
     const int rc = MPI_File_open(comm, path.c_str(), mode, MPI_INFO_NULL, &file_);
     if (rc != MPI_SUCCESS) {
       file_ = MPI_FILE_NULL;
@@ -164,38 +167,46 @@ class File {
   void read_all(void* data, int count, MPI_Datatype type, index_t bytes) {
     MPI_Status status;
     check_mpi(MPI_File_read_at_all(file_, 0, data, count, type, &status), "MPI_File_read_at_all");
-    check_count(status, bytes, "read");
+    if (!short_transfer_) short_transfer_ = count_problem(status, bytes, "read");
     io_stats().bytes_read += bytes;
   }
   // Collective: writes `count` items of `type` through the view.
   void write_all(const void* data, int count, MPI_Datatype type, index_t bytes) {
     MPI_Status status;
     check_mpi(MPI_File_write_at_all(file_, 0, data, count, type, &status), "MPI_File_write_at_all");
-    check_count(status, bytes, "wrote");
+    if (!short_transfer_) short_transfer_ = count_problem(status, bytes, "wrote");
     io_stats().bytes_written += bytes;
   }
   // Independent: `bytes` bytes at `offset` (under the default view, bytes from the start).
   void read_at(MPI_Offset offset, void* data, int bytes) {
     MPI_Status status;
     check_mpi(MPI_File_read_at(file_, offset, data, bytes, MPI_BYTE, &status), "MPI_File_read_at");
-    check_count(status, bytes, "read");
+    if (auto problem = count_problem(status, bytes, "read")) throw error(*problem);
     io_stats().bytes_read += bytes;
   }
   void write_at(MPI_Offset offset, const void* data, int bytes) {
     MPI_Status status;
     check_mpi(MPI_File_write_at(file_, offset, data, bytes, MPI_BYTE, &status),
               "MPI_File_write_at");
-    check_count(status, bytes, "wrote");
+    if (auto problem = count_problem(status, bytes, "wrote")) throw error(*problem);
     io_stats().bytes_written += bytes;
   }
   // Collective: back to plain bytes from the start of the file.
   void reset_view() { set_view(0, MPI_BYTE); }
   // Collective: the data written so far is on the storage device (fsync).
   void sync() { check_mpi(MPI_File_sync(file_), "MPI_File_sync"); }
-  // Collective: closes now, so that a failing close is an error rather than lost.
+  // The file's size in bytes now (a local call).
+  [[nodiscard]] std::uint64_t size() const {
+    MPI_Offset bytes = 0;
+    check_mpi(MPI_File_get_size(file_, &bytes), "MPI_File_get_size");
+    return static_cast<std::uint64_t>(bytes);
+  }
+  // Collective: closes now, so that a failing close is an error rather than lost; then throws
+  // for a short collective transfer, if there was one.
   void close() {
     check_mpi(MPI_File_close(&file_), "MPI_File_close");
     file_ = MPI_FILE_NULL;
+    if (short_transfer_) throw error(*short_transfer_);
   }
 
  private:
@@ -205,18 +216,21 @@ class File {
     MPI_Error_string(rc, text, &length);
     return std::string(text, static_cast<std::size_t>(length));
   }
-  static void check_count(const MPI_Status& status, index_t expected, const char* verb) {
-    if (expected == 0) return;  // ROMIO leaves the status of an empty transfer unset
+  [[nodiscard]] std::optional<std::string> count_problem(const MPI_Status& status, index_t expected,
+                                                         const char* verb) const {
+    if (expected == 0) return std::nullopt;  // ROMIO leaves the status of an empty transfer unset
     MPI_Count got = 0;
     check_mpi(MPI_Get_elements_x(&status, MPI_BYTE, &got), "MPI_Get_elements_x");
-    if (got != expected)
-      throw error(
-          fmt::format("kshard::io: {} {} bytes where {} were expected (the file is "
-                      "shorter than its header says, or the device is full)",
-                      verb, static_cast<index_t>(got), expected));
+    if (got == expected) return std::nullopt;
+    return fmt::format(
+        "kshard::io: {} {} bytes of '{}' where {} were expected (the file is shorter than its "
+        "header says, or the device is full)",
+        verb, static_cast<index_t>(got), path_, expected);
   }
 
+  std::string path_;
   MPI_File file_ = MPI_FILE_NULL;
+  std::optional<std::string> short_transfer_;  // the first short collective transfer
 };
 
 }  // namespace kshard::io::detail
