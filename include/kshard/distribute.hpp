@@ -6,8 +6,11 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -121,6 +124,92 @@ HostMatrix<T> unpack(const Matrix& matrix, const Packing& packing, const T* rece
   return full;
 }
 
+// A digest of the values of `full`, row by row (a padded view's padding is not read): equal
+// matrices give equal digests in every process; different ones almost never do. Four
+// independent multiply-xorshift lanes over 8-byte words keep it at the memory's speed.
+template <class T>
+std::int64_t values_digest(const HostMatrix<T>& full) {
+  std::array<std::uint64_t, 4> lanes{0x9e3779b97f4a7c15ull, 0xbf58476d1ce4e5b9ull,
+                                     0x94d049bb133111ebull, 0xcbf29ce484222325ull};
+  const auto mix = [](std::uint64_t& lane, std::uint64_t word) {
+    lane = (lane ^ word) * 0xff51afd7ed558ccdull;
+    lane ^= lane >> 32;
+  };
+  const std::size_t row_bytes = full.extent(1) * sizeof(T);
+  for (std::size_t r = 0; r < full.extent(0) && row_bytes > 0; ++r) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(&full(r, 0));
+    std::size_t i = 0;
+    for (; i + 32 <= row_bytes; i += 32)
+      for (std::size_t k = 0; k < 4; ++k) {
+        std::uint64_t word = 0;
+        std::memcpy(&word, bytes + i + 8 * k, 8);
+        mix(lanes[k], word);
+      }
+    for (std::size_t k = 0; i < row_bytes; i += 8, ++k) {  // the row's last 0-31 bytes
+      std::uint64_t word = 0;
+      std::memcpy(&word, bytes + i, std::min<std::size_t>(8, row_bytes - i));
+      mix(lanes[k], word);
+    }
+  }
+  std::uint64_t digest = lanes[0];
+  for (std::size_t k = 1; k < 4; ++k) mix(digest, lanes[k]);
+  return std::bit_cast<std::int64_t>(digest);
+}
+
+// Whether `full` holds other values on some rank of `mesh` (one agreement).
+template <std::size_t M, class T>
+bool values_differ(const Mesh<M>& mesh, const HostMatrix<T>& full) {
+  Agreement agreement(mesh.group());
+  agreement.same("the values of the whole matrix", values_digest(full),
+                 [](std::int64_t) { return std::string(); });
+  return agreement.outcome().has_value();
+}
+
+// Fills `matrix` from `full` on this rank alone: each rank copies out its own shard.
+template <class ExecSpace, class Matrix, class FT>
+void copy_own_shard(const ExecSpace& space, const Matrix& matrix, const HostMatrix<FT>& full) {
+  using T = typename Matrix::value_type;
+  using L = typename Matrix::layout_type;
+  const bool holds = holds_value<L>(matrix.mesh().coords());
+  const auto host = host_mirror(matrix.local());
+  for_each_shard_segment(matrix.mapping(),
+                         [&](index_t lr, index_t gr, index_t lc, index_t gc, index_t n) {
+                           for (index_t j = 0; j < n; ++j)
+                             host(lr, lc + j) = holds ? full(gr, gc + j) : T{};
+                         });
+  Kokkos::deep_copy(space, matrix.local(), host);
+  fence(space, "kshard::distribute: the shard is copied (its host source is freed)");
+}
+
+// Fills `matrix` from `full` as rank `root` holds it: one scatterv in which the root sends each
+// rank its own shard (packed in one host buffer first); the other ranks' `full` is not read.
+template <class ExecSpace, class Matrix, class FT>
+void scatter_from(const ExecSpace& space, const Matrix& matrix, const HostMatrix<FT>& full,
+                  Root root) {
+  using T = typename Matrix::value_type;
+  using L = typename Matrix::layout_type;
+  const auto& mesh = matrix.mesh();
+  const Packing packing =
+      pack_shards(matrix, [](const auto& coords) { return holds_value<L>(coords); });
+  const bool is_root = mesh.my_rank() == root.rank;
+  std::vector<T> packed(is_root ? static_cast<std::size_t>(packing.total) : 0);
+  if (is_root)
+    for_each_packed_segment(matrix, packing,
+                            [&](index_t gr, index_t gc, index_t offset, index_t n) {
+                              std::memcpy(packed.data() + offset, &full(gr, gc),
+                                          static_cast<std::size_t>(n) * sizeof(T));
+                            });
+  // Received in host memory (the shard itself when it is there), then copied to the shard.
+  const auto host = host_mirror(matrix.local());
+  const int count = packing.counts[mesh.my_rank()];
+  mesh.group().scatterv(packed.data(), packing.counts.data(), packing.displs.data(), host.data(),
+                        count, root.rank);
+  if (count > 0) {  // a zero addend keeps its zeros
+    Kokkos::deep_copy(space, matrix.local(), host);
+    fence(space, "kshard::distribute: the shard is copied (its host source is freed)");
+  }
+}
+
 // Every rank passes the same root, and it is a rank of the mesh: checked before any collective
 // uses it, since MPI would hang or fail on one rank only.
 inline void same_root(Agreement& agreement, Root root, int size) {
@@ -147,11 +236,16 @@ void gather_checks(Agreement& agreement, const Matrix& matrix, std::string_view 
 }  // namespace detail
 
 /// Builds a `DistMatrix` from `full`, the whole matrix (a `HostMatrix<T>` or
-/// `HostMatrix<const T>`), present on every rank: each rank copies out its own shard, with no
-/// communication beyond the constructor's checks. For a `Partial` mesh dimension the value becomes
-/// a valid addend set: with `sum`, coordinate 0 holds the value and the others zeros; with `max`,
-/// `min` and `avg` every rank holds it. The copy to the shard runs on `space`, which is fenced
-/// before returning.
+/// `HostMatrix<const T>`), present on every rank with the same shape (else the same
+/// `kshard::error` on every rank). Where every rank holds the same values, each rank copies out
+/// its own shard; where they differ (a rank-dependent seed, say), the matrix is rank 0's, as
+/// DTensor's `distribute_tensor` (whose `src_data_rank` is 0) makes it: rank 0 scatters the
+/// shards, as `distribute(..., Root{0})` does, instead of replicas that silently disagree.
+/// For a `Partial` mesh dimension the value becomes a valid addend set: with `sum`, coordinate
+/// 0 holds the value and the others zeros; with `max`, `min` and `avg` every rank holds it.
+/// Cost: the constructor's agreement, a digest of `full` on every rank (one read of it at the
+/// memory's speed) compared in one more agreement, then the copy to the shard on `space`
+/// (fenced before returning); the scatter only where the values differ.
 template <class ExecSpace, class MemSpace = typename ExecSpace::memory_space, class FT,
           std::size_t M, class L>
 requires Kokkos::is_execution_space<ExecSpace>::value
@@ -163,15 +257,10 @@ requires Kokkos::is_execution_space<ExecSpace>::value
   const detail::Operation operation("distribute");
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, static_cast<index_t>(full.extent(0)),
                                                static_cast<index_t>(full.extent(1)), label);
-  const bool holds_value = detail::holds_value<L>(mesh.coords());
-  const auto host = detail::host_mirror(matrix.local());
-  detail::for_each_shard_segment(matrix.mapping(),
-                                 [&](index_t lr, index_t gr, index_t lc, index_t gc, index_t n) {
-                                   for (index_t j = 0; j < n; ++j)
-                                     host(lr, lc + j) = holds_value ? full(gr, gc + j) : T{};
-                                 });
-  Kokkos::deep_copy(space, matrix.local(), host);
-  detail::fence(space, "kshard::distribute: the shard is copied (its host source is freed)");
+  if (detail::values_differ(mesh, full))
+    detail::scatter_from(space, matrix, full, Root{0});
+  else
+    detail::copy_own_shard(space, matrix, full);
   return matrix;
 }
 
@@ -211,26 +300,7 @@ requires Kokkos::is_execution_space<ExecSpace>::value
                                static_cast<index_t>(full.extent(1))};
   mesh.group().bcast(shape.data(), 2, root.rank);
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, shape[0], shape[1], label);
-  const detail::Packing packing = detail::pack_shards(
-      matrix, [](const auto& coords) { return detail::holds_value<L>(coords); });
-
-  const bool is_root = mesh.my_rank() == root.rank;
-  std::vector<T> packed(is_root ? static_cast<std::size_t>(packing.total) : 0);
-  if (is_root)
-    detail::for_each_packed_segment(matrix, packing,
-                                    [&](index_t gr, index_t gc, index_t offset, index_t n) {
-                                      std::memcpy(packed.data() + offset, &full(gr, gc),
-                                                  static_cast<std::size_t>(n) * sizeof(T));
-                                    });
-  // Received in host memory (the shard itself when it is there), then copied to the shard.
-  const auto host = detail::host_mirror(matrix.local());
-  const int count = packing.counts[mesh.my_rank()];
-  mesh.group().scatterv(packed.data(), packing.counts.data(), packing.displs.data(), host.data(),
-                        count, root.rank);
-  if (count > 0) {  // a zero addend keeps its zeros
-    Kokkos::deep_copy(space, matrix.local(), host);
-    detail::fence(space, "kshard::distribute: the shard is copied (its host source is freed)");
-  }
+  detail::scatter_from(space, matrix, full, root);
   return matrix;
 }
 

@@ -220,16 +220,6 @@ void vocab_parallel_lookup(const ExecSpace& space, const M& table, const IdView&
   const auto n = static_cast<index_t>(ids.extent(0));
   const index_t h = table.cols();
   const auto summary = detail::summarize_ids(space, ids);
-  const auto group =
-      detail::agree_in_tp_group(table.mesh(), detail::splitting_dim<L>(), [&](auto& a) {
-        a.same("the number of token ids", n)
-            .same("the list of token ids", summary.digest,
-                  [](auto) {
-                    return std::string();  // a digest: no value worth showing
-                  })
-            .same("the scale", std::bit_cast<std::int64_t>(scale),
-                  [](std::int64_t bits) { return fmt::format("{}", std::bit_cast<double>(bits)); });
-      });
   std::optional<std::string> problem;
   if (static_cast<index_t>(out.extent(0)) != n || static_cast<index_t>(out.extent(1)) != h)
     problem = fmt::format(
@@ -240,6 +230,16 @@ void vocab_parallel_lookup(const ExecSpace& space, const M& table, const IdView&
     problem = detail::int_limit_problem(n, who, "the number of ids in one call");
   if (!problem) problem = detail::ids_problem(summary, table.rows(), who);
   if (!problem) problem = detail::tp_dim_problem(table, tp_dim, 0, who, "table");
+  const auto group =
+      detail::agree_in_tp_group(table.mesh(), detail::splitting_dim<L>(), problem, [&](auto& a) {
+        a.same("the number of token ids", n)
+            .same("the list of token ids", summary.digest,
+                  [](auto) {
+                    return std::string();  // a digest: no value worth showing
+                  })
+            .same("the scale", std::bit_cast<std::int64_t>(scale),
+                  [](std::int64_t bits) { return fmt::format("{}", std::bit_cast<double>(bits)); });
+      });
   detail::tp_agreement(table, "the table", tp_dim).problem(group).problem(problem).settle();
 
   const auto rows = table.mapping().rows;

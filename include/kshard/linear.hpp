@@ -153,10 +153,6 @@ tp_matrix_view_t<W> row_forward(const ExecSpace& space, const W& weight, const X
   check_linear_types<ExecSpace, W, X, bias_view_t<W, B>>();
   const char* who = "row_parallel_linear";
   const Operation operation(who);
-  const auto group =
-      agree_in_tp_group(weight.mesh(), splitting_dim<typename W::layout_type>(), [&](Agreement& a) {
-        a.same("the number of rows of x_local (tokens)", static_cast<index_t>(x_local.extent(0)));
-      });
   const auto in_local = weight.mapping().cols.local_extent();
   const auto bias_size = bias_extent(local_bias(bias));
   auto problem = bias_matrix_problem(weight, bias, who, "the bias");
@@ -172,6 +168,10 @@ tp_matrix_view_t<W> row_forward(const ExecSpace& space, const W& weight, const X
         "output feature ({})",
         who, *bias_size, weight.rows(), weight.cols(), weight.rows());
   if (!problem) problem = tp_dim_problem(weight, tp_dim, 1, who, "weight");
+  const auto group = agree_in_tp_group(
+      weight.mesh(), splitting_dim<typename W::layout_type>(), problem, [&](Agreement& a) {
+        a.same("the number of rows of x_local (tokens)", static_cast<index_t>(x_local.extent(0)));
+      });
   tp_agreement(weight, "the weight", tp_dim)
       .same("whether a bias is given", !is_no_bias_v<B>)
       .problem(group)
@@ -272,10 +272,6 @@ tp_matrix_view_t<W> column_backward(const ExecSpace& space, const W& weight, con
   check_linear_types<ExecSpace, W, X, GY, bias_view_t<W, GB>>();
   const char* who = "column_parallel_linear_backward";
   const Operation operation(who);
-  const auto group =
-      agree_in_tp_group(weight.mesh(), splitting_dim<typename W::layout_type>(), [&](Agreement& a) {
-        a.same("the number of rows of x (tokens)", static_cast<index_t>(x.extent(0)));
-      });
   const auto out_local = weight.mapping().rows.local_extent();
   const auto bias_size = bias_extent(local_bias(grad_bias_local));
   auto problem = bias_matrix_problem(weight, grad_bias_local, who, "grad_bias_local");
@@ -298,6 +294,10 @@ tp_matrix_view_t<W> column_backward(const ExecSpace& space, const W& weight, con
         who, weight.mesh().my_rank(), *bias_size, shape_of(weight.local()), out_local);
   if (!problem) problem = tp_dim_problem(weight, tp_dim, 0, who, "weight");
   if (!problem) problem = placement_problem(weight, grad_weight, who, "grad_weight");
+  const auto group = agree_in_tp_group(
+      weight.mesh(), splitting_dim<typename W::layout_type>(), problem, [&](Agreement& a) {
+        a.same("the number of rows of x (tokens)", static_cast<index_t>(x.extent(0)));
+      });
   // grad_weight is checked against the agreed weight on each rank (placement_problem).
   tp_agreement(weight, "the weight", tp_dim)
       .same("whether grad_bias_local is given", !is_no_bias_v<GB>)

@@ -49,6 +49,50 @@ template <std::size_t N>
 struct shape_rank<std::array<int, N>> {
   static constexpr std::size_t value = N;
 };
+
+// A duplicate of a caller's communicator, shared by the meshes of every shape and rank built
+// over it as their whole-mesh communicator, with the tag that names it on every rank.
+struct SharedWhole {
+  comm::Group group;
+  std::uint64_t tag = 0;
+};
+
+// Values built over a caller's communicator and still alive in this process, by that
+// communicator (compared as a handle, then checked congruent with the value's group: a freed
+// handle may come back for another group).
+template <class Value>
+class LiveRegistry {
+ public:
+  // The first live value over `comm` that `wanted` accepts, else null.
+  template <class Wanted>
+  std::shared_ptr<Value> find(MPI_Comm comm, Wanted wanted) {
+    const std::lock_guard lock(mutex_);
+    std::erase_if(entries_, [](const Entry& e) { return e.value.expired(); });
+    for (const Entry& e : entries_)
+      if (auto value = e.value.lock();
+          value && e.comm == comm && congruent(comm, value->group.native()) && wanted(*value))
+        return value;
+    return nullptr;
+  }
+  void add(MPI_Comm comm, const std::shared_ptr<Value>& value) {
+    const std::lock_guard lock(mutex_);
+    entries_.push_back({comm, value});
+  }
+
+ private:
+  struct Entry {
+    MPI_Comm comm;
+    std::weak_ptr<Value> value;
+  };
+  std::mutex mutex_;
+  std::vector<Entry> entries_;
+};
+
+// The shared whole-mesh communicators of this process (meshes of any rank).
+inline LiveRegistry<SharedWhole>& shared_wholes() {
+  static LiveRegistry<SharedWhole> wholes;
+  return wholes;
+}
 }  // namespace detail
 
 /// An N-D grid over an MPI communicator, row-major (the last dimension varies fastest, as
@@ -66,9 +110,13 @@ class Mesh {
   /// communicator to tell the others through). A mesh built alike to one still alive (over
   /// the same communicator, with the same shape and names, on every rank of it) is that mesh:
   /// equal to it, with its communicators, so that ranks that built it twice, or picked the
-  /// other of two such meshes, still meet in the same collectives. Cost: one all-reduce of two
-  /// integers over `comm`; a new mesh also duplicates `comm`, agrees on the shape and splits
-  /// one communicator per dimension.
+  /// other of two such meshes, still meet in the same collectives. Meshes of other shapes over
+  /// `comm` share one duplicate of it as their whole-mesh communicator, and a dimension (or
+  /// sub-mesh) that holds every rank in mesh order is that communicator, so that ranks that
+  /// pick matrices on different such meshes meet in an agreement that names the difference
+  /// instead of waiting on communicators of their own. Cost: one all-reduce of four integers
+  /// over `comm`; a new mesh also agrees on the shape and splits one communicator per
+  /// dimension that holds some but not all ranks, and the first mesh over `comm` duplicates it.
   Mesh(MPI_Comm comm, const std::array<int, N>& shape, const std::array<std::string, N>& names) {
     const detail::Operation operation("Mesh");
     if (comm == MPI_COMM_NULL)
@@ -76,20 +124,28 @@ class Mesh {
           "kshard::Mesh: the communicator is MPI_COMM_NULL on this rank (a rank outside the "
           "group of an MPI_Comm_split or MPI_Comm_create); build the mesh only on the ranks of "
           "the communicator");
-    state_ = alive_alike(comm, shape, names);
-    if (state_) return;
+    const Alive alive = alive_over(comm, shape, names);
+    if (alive.alike) {
+      state_ = alive.alike;
+      return;
+    }
     state_ = std::make_shared<State>();
     State& s = *state_;
     s.shape = shape;
     s.names = names;
-    // Duplicate first (collective whatever the arguments): the checks then run on kshard's own
-    // communicator, whose MPI errors come back as codes that check_mpi turns into
-    // kshard::error, instead of aborting through the caller's error handler.
-    auto whole = detail::Communicator::duplicate(comm);
-    detail::check_mpi(MPI_Comm_set_errhandler(whole.get(), MPI_ERRORS_RETURN),
-                      "MPI_Comm_set_errhandler");
-    whole.set_name("the whole mesh");
-    s.group = comm::Group(whole);
+    // The checks run on kshard's own communicator, whose MPI errors come back as codes that
+    // check_mpi turns into kshard::error, instead of aborting through the caller's error
+    // handler. The first mesh over `comm` duplicates it (collective whatever the arguments).
+    if (alive.whole) {
+      s.whole = alive.whole;
+    } else {
+      auto whole = detail::Communicator::duplicate(comm);
+      detail::check_mpi(MPI_Comm_set_errhandler(whole.get(), MPI_ERRORS_RETURN),
+                        "MPI_Comm_set_errhandler");
+      whole.set_name("the whole mesh");
+      s.whole = std::make_shared<detail::SharedWhole>(detail::SharedWhole{comm::Group(whole)});
+    }
+    s.group = s.whole->group;
     s.size = s.group.size();
     s.rank = s.group.rank();
     agree_on_shape(s.group, shape, names, s.size);
@@ -97,6 +153,10 @@ class Mesh {
     for (std::size_t m = 0; m < N; ++m)
       s.dim_groups[m] = split({m}, fmt::format("mesh dimension {} ('{}')", m, names[m]));
     s.tag = new_tag(s.group);
+    if (!alive.whole) {
+      s.whole->tag = s.tag;
+      detail::shared_wholes().add(comm, s.whole);
+    }
     registry().add(comm, state_);
   }
 
@@ -213,54 +273,39 @@ class Mesh {
     comm::Group group;
     std::array<comm::Group, N> dim_groups{};
     std::uint64_t tag = 0;  // the same on every rank of the mesh, unique to it; 0: a sub-mesh
+    std::shared_ptr<detail::SharedWhole> whole;  // null for a sub-mesh
   };
 
-  // The meshes of rank N built in this process and still alive, with the communicator each
-  // was built over (compared as a handle, then checked congruent: a freed handle may come
-  // back for another group).
-  class Registry {
-   public:
-    std::shared_ptr<State> find(MPI_Comm comm, const std::array<int, N>& shape,
-                                const std::array<std::string, N>& names) {
-      const std::lock_guard lock(mutex_);
-      std::erase_if(entries_, [](const Entry& e) { return e.state.expired(); });
-      for (const Entry& e : entries_)
-        if (auto state = e.state.lock(); state && e.comm == comm && state->shape == shape &&
-                                         state->names == names &&
-                                         detail::congruent(comm, state->group.native()))
-          return state;
-      return nullptr;
-    }
-    void add(MPI_Comm comm, const std::shared_ptr<State>& state) {
-      const std::lock_guard lock(mutex_);
-      entries_.push_back({comm, state});
-    }
-
-   private:
-    struct Entry {
-      MPI_Comm comm;
-      std::weak_ptr<State> state;
-    };
-    std::mutex mutex_;
-    std::vector<Entry> entries_;
+  // What this rank holds alive over one communicator: a mesh built alike, and the whole-mesh
+  // communicator that meshes of any shape over it share.
+  struct Alive {
+    std::shared_ptr<State> alike;
+    std::shared_ptr<detail::SharedWhole> whole;
   };
-  static Registry& registry() {
-    static Registry meshes;
+
+  // The meshes of rank N built in this process and still alive.
+  static detail::LiveRegistry<State>& registry() {
+    static detail::LiveRegistry<State> meshes;
     return meshes;
   }
 
-  // The live mesh built alike over `comm`, when every rank of `comm` has the same one (their
-  // tags agree: the least tag and the least complement of a tag over `comm` give the least and
-  // the greatest), else null on every rank.
-  static std::shared_ptr<State> alive_alike(MPI_Comm comm, const std::array<int, N>& shape,
-                                            const std::array<std::string, N>& names) {
-    std::shared_ptr<State> mine = registry().find(comm, shape, names);
-    const std::uint64_t tag = mine ? mine->tag : 0;
-    std::uint64_t least[2] = {tag, ~tag};
-    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, least, 2, MPI_UINT64_T, MPI_MIN, comm),
+  // The live mesh built alike over `comm`, and the whole-mesh communicator a new mesh can
+  // share, each kept only where every rank of `comm` has the same one (their tags agree: the
+  // least tag and the least complement of a tag over `comm` give the least and the greatest),
+  // so that every rank decides alike.
+  static Alive alive_over(MPI_Comm comm, const std::array<int, N>& shape,
+                          const std::array<std::string, N>& names) {
+    Alive alive{
+        registry().find(comm, [&](const State& s) { return s.shape == shape && s.names == names; }),
+        detail::shared_wholes().find(comm, [](const detail::SharedWhole&) { return true; })};
+    const std::uint64_t tag = alive.alike ? alive.alike->tag : 0;
+    const std::uint64_t whole = alive.whole ? alive.whole->tag : 0;
+    std::uint64_t least[4] = {tag, ~tag, whole, ~whole};
+    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, least, 4, MPI_UINT64_T, MPI_MIN, comm),
                       "MPI_Allreduce");
-    const bool everywhere = tag != 0 && least[0] == tag && ~least[1] == tag;
-    return everywhere ? mine : nullptr;
+    if (tag == 0 || least[0] != tag || ~least[1] != tag) alive.alike = nullptr;
+    if (whole == 0 || least[2] != whole || ~least[3] != whole) alive.whole = nullptr;
+    return alive;
   }
 
   // Rank 0's random non-zero tag for a new mesh, on every rank of `group`.
@@ -339,6 +384,20 @@ class Mesh {
     agreement.problem(std::move(problem)).settle();
   }
 
+  // Whether `dims` hold every rank of the mesh, ranked as the mesh ranks them.
+  [[nodiscard]] bool in_mesh_order(const std::vector<std::size_t>& dims) const {
+    std::int64_t ranks = 1;
+    std::size_t last = 0;
+    bool ordered = true;
+    for (const std::size_t m : dims) {
+      if (state_->shape[m] == 1) continue;
+      ordered = ordered && (ranks == 1 || m > last);
+      last = m;
+      ranks *= state_->shape[m];
+    }
+    return ordered && ranks == state_->size;
+  }
+
   // Row-major index of this rank's coordinates along `dims`, in that order.
   [[nodiscard]] int position_along(const std::vector<std::size_t>& dims) const {
     int position = 0;
@@ -347,8 +406,11 @@ class Mesh {
   }
 
   // The ranks whose coordinates differ from this rank's only along `dims`, ranked row-major by
-  // their coordinates along `dims`: a new communicator (collective over the mesh).
+  // their coordinates along `dims`: the mesh's own communicator when that is every rank in mesh
+  // order (each other dimension has extent 1 and `dims` keep the mesh's order of the others),
+  // else a new communicator (collective over the mesh).
   comm::Group split(const std::vector<std::size_t>& dims, const std::string& name) const {
+    if (in_mesh_order(dims)) return state_->group;
     std::vector<std::size_t> others;
     for (std::size_t m = 0; m < N; ++m)
       if (std::find(dims.begin(), dims.end(), m) == dims.end()) others.push_back(m);

@@ -64,11 +64,14 @@ void sum_over_tp(const ExecSpace& space, const Mesh<N>& mesh, std::size_t tp_dim
 /// `reduce_from_tensor_model_parallel_region`): replaces `values` (a rank-1 or rank-2 view of
 /// float, double, int32 or int64) in place by their SUM over the ranks along mesh dimension
 /// `tp_dim`, once the work `space` submitted is done (it is fenced before the all-reduce, which
-/// it waits for). One all-reduce over `mesh.dim_comm(tp_dim)`, none when that dimension has
-/// extent 1. Every rank of the mesh must call it with the same `tp_dim` and the same extents
-/// along tp: as MPI's own all-reduce, this hot path does not spend a collective agreeing on its
-/// arguments. A `tp_dim` outside the mesh on every rank throws the same `kshard::error` on every
-/// rank.
+/// it waits for). Communication over `mesh.dim_comm(tp_dim)`, none when that dimension has
+/// extent 1: one fixed-size agreement (element type and extents of `values`, which must be the
+/// same on every rank of the tp group; ranks of different tp groups may reduce different
+/// extents), then the all-reduce. Values that differ within a tp group throw the same
+/// `kshard::error` on every rank of it, with `values` unchanged, instead of truncating or
+/// hanging in the all-reduce. Every rank must pass the same `tp_dim` (it chooses the group the
+/// agreement runs in); a `tp_dim` outside the mesh on every rank throws the same
+/// `kshard::error` on every rank.
 template <class ExecSpace, std::size_t N, class View>
 requires detail::ExecutionSpaceFor<ExecSpace, View>
 void reduce_from_tp(const ExecSpace& space, const Mesh<N>& mesh, std::size_t tp_dim,
@@ -85,7 +88,14 @@ void reduce_from_tp(const ExecSpace& space, const Mesh<N>& mesh, std::size_t tp_
         fmt::format("kshard::reduce_from_tp: tp_dim is {}, but the mesh {} has {} "
                     "dimension(s)",
                     tp_dim, mesh, N));
-  detail::sum_over_tp(space, mesh, tp_dim, values);
+  if (mesh.extent(tp_dim) == 1) return;
+  detail::Agreement agreement(mesh.dim_group(tp_dim), "the ranks of a tp group");
+  agreement.same("the element type of values", detail::type_code<T>(), detail::render_type)
+      .same("the rank of values", static_cast<std::int64_t>(View::rank));
+  for (std::size_t d = 0; d < static_cast<std::size_t>(View::rank); ++d)
+    agreement.same(fmt::format("extent {} of values", d), static_cast<index_t>(values.extent(d)));
+  agreement.settle();
+  detail::allreduce_sum_any(space, values, mesh.dim_group(tp_dim));
 }
 
 /// `reduce_from_tp(space, mesh, tp_dim, values)` on a default instance of `ExecSpace` (by

@@ -469,7 +469,7 @@ struct LocalRows {
 template <class ExecSpace, class In>
 auto local_rows(const ExecSpace& space, const In& input, const std::vector<index_t>& kept) {
   using L = typename In::layout_type;
-  auto host = to_host(space, row_squared_norms(space, input),
+  auto host = to_host(space, agreed_row_squared_norms(space, input),
                       "kshard::detect_damaged_rows: the row norms, for the host");
   LocalRows<decltype(host)> local{
       std::move(host), {}, L::is_first_copy(input.mesh().coords(), {0})};

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "kshard/bfloat16.hpp"
+#include "kshard/detail/agreement.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/detail/row_norms.hpp"
 #include "kshard/detail/staging.hpp"
@@ -42,6 +43,15 @@ inline std::optional<std::string> row_range_problem(index_t row, index_t rows, c
 inline index_t wrap_row(index_t row, index_t rows, const char* who) {
   if (auto problem = row_range_problem(row, rows, who)) throw error(*problem);
   return row < 0 ? row + rows : row;
+}
+
+// Whether some mesh dimension of extent > 1 splits the columns of `matrix`.
+template <class M>
+bool sums_over_column_shards(const M& matrix) {
+  using L = typename M::layout_type;
+  for (std::size_t m = 0; m < L::rank; ++m)
+    if (L::tensor_dims[m] == 1 && matrix.mesh().extent(m) > 1) return true;
+  return false;
 }
 
 // Sums `values` (one entry per local row) over the mesh dimensions that split columns, so
@@ -86,10 +96,40 @@ bool zero_row(const M& matrix, index_t row) {
   return zero_row(typename M::execution_space{}, matrix, row);
 }
 
+namespace detail {
+// Why the norms of `matrix` cannot be computed (too many rows for one allocation), if so: from
+// global extents, so the same on every rank that passes the same matrix.
+template <class M>
+std::optional<std::string> norms_size_problem(const M& matrix) {
+  if (fits_in_bytes<double>(matrix.rows(), 1)) return std::nullopt;
+  return fmt::format(
+      "kshard::row_squared_norms: the matrix has {} rows, whose norms would need more than "
+      "the limit of {} bytes",
+      matrix.rows(), std::numeric_limits<index_t>::max());
+}
+
+// `row_squared_norms` once every rank is known to pass the same matrix (the caller agreed on
+// it, or no mesh dimension splits columns).
+template <class ExecSpace, class M>
+Kokkos::View<double*, typename M::memory_space> agreed_row_squared_norms(const ExecSpace& space,
+                                                                         const M& matrix) {
+  throw_if(norms_size_problem(matrix));
+  Kokkos::View<double*, typename M::memory_space> norms(
+      Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kshard::row_squared_norms"),
+      matrix.local().extent(0));
+  local_row_squared_norms(space, matrix.local(), norms);
+  sum_over_column_shards(space, matrix, norms);
+  return norms;
+}
+}  // namespace detail
+
 /// Full-row squared L2 norms of the local rows, in local row order: elements are widened to
 /// fp64, squared and summed in fp64 (no finite row of float, bf16 or f16 overflows), then summed
 /// over the mesh dimensions that split columns (only those). One pass over the local shard,
-/// on `space`. Collective over the mesh (every rank calls it).
+/// on `space`. Collective over the mesh (every rank calls it). Where mesh dimensions split
+/// columns, one fixed-size agreement over the mesh first (the same element type, shape and
+/// layout on every rank, else the same `kshard::error` everywhere), then one all-reduce of the
+/// local row count in doubles per such dimension; no communication otherwise.
 template <class ExecSpace, DistributedMatrix M>
 requires detail::ExecutionSpaceFor<ExecSpace, M> Kokkos::View<double*, typename M::memory_space>
 row_squared_norms(const ExecSpace& space, const M& matrix) {
@@ -97,18 +137,15 @@ row_squared_norms(const ExecSpace& space, const M& matrix) {
                 "kshard::row_squared_norms: a Partial matrix has no values until it is reduced; "
                 "redistribute it to Replicate or Shard first");
   const detail::Operation operation("row_squared_norms");
-  // Global extents: every rank refuses alike (a 0-column matrix of any row count has no bytes).
-  if (!detail::fits_in_bytes<double>(matrix.rows(), 1))
-    throw error(fmt::format(
-        "kshard::row_squared_norms: the matrix has {} rows, whose norms would need more than "
-        "the limit of {} bytes",
-        matrix.rows(), std::numeric_limits<index_t>::max()));
-  Kokkos::View<double*, typename M::memory_space> norms(
-      Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kshard::row_squared_norms"),
-      matrix.local().extent(0));
-  detail::local_row_squared_norms(space, matrix.local(), norms);
-  detail::sum_over_column_shards(space, matrix, norms);
-  return norms;
+  // Where the sums over column shards communicate, ranks that pass different matrices would
+  // truncate or hang in them: one agreement over the mesh first. Elsewhere nothing is shared
+  // and the extents are global, so every rank refuses alike on its own.
+  if (detail::sums_over_column_shards(matrix)) {
+    detail::Agreement agreement(matrix.mesh().group());
+    detail::same_matrix(agreement, matrix, "the matrix");
+    agreement.problem(detail::norms_size_problem(matrix)).settle();
+  }
+  return detail::agreed_row_squared_norms(space, matrix);
 }
 
 /// `row_squared_norms(space, matrix)` on a default instance of the matrix's execution space.

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -36,6 +37,7 @@ using kshard::test::expect_local_refusal;
 using kshard::test::Matrix;
 using kshard::test::MemSpace;
 using kshard::test::watch;
+using kshard::test::Watched;
 using kshard::test::world_size;
 
 using DeviceMatrix = Kokkos::View<float**, Kokkos::LayoutRight, MemSpace>;
@@ -237,6 +239,57 @@ TEST(Mismatch, MeshesBuiltAlikeAreOneMesh) {
   EXPECT_TRUE(all_ranks(kshard::gather(make(again, Layout(Shard<0>{}), 8, 3))(7, 2) == full(7, 2)));
 }
 
+// Meshes of other shapes over one communicator share its duplicate, and a dimension or
+// sub-mesh holding every rank in mesh order is that communicator: ranks that pick matrices on
+// different such meshes (a rank-dependent choice) meet in one agreement that names the
+// difference, or get the right answer where the meshes are the same ranks alike.
+TEST(Mismatch, MeshesOfOtherShapesMeetInOneAgreement) {
+  const int size = world_size();
+  const bool last = kshard::test::world_rank() == size - 1;
+  const kshard::Mesh<2> wide(MPI_COMM_WORLD, {1, size}, {"dp", "tp"});
+  const kshard::Mesh<2> tall(MPI_COMM_WORLD, {size, 1}, {"tp", "dp"});
+  const kshard::Mesh<1> line(MPI_COMM_WORLD, {size}, {"tp"});
+  EXPECT_EQ(wide.comm(), tall.comm());
+  EXPECT_EQ(wide.dim_comm(1), wide.comm());
+  EXPECT_EQ(wide.sub("tp").comm(), line.comm());
+  if (size > 1) {  // on one rank every group is the whole
+    EXPECT_NE(wide.dim_comm(0), wide.comm());
+  }
+
+  const auto on_wide = make(wide, Layout(Replicate{}, Shard<0>{}), 11, 4);
+  const auto on_tall = make(tall, Layout(Shard<0>{}, Replicate{}), 11, 4);
+  expect_collective_refusal(
+      "lookup tables on meshes of other shapes",
+      {"the placement of the table on mesh dimension 0 differs between ranks"},
+      [&](bool here) {
+        if (here)
+          (void)kshard::vocab_parallel_lookup(on_tall, ids_of({1, 2}));
+        else
+          (void)kshard::vocab_parallel_lookup(on_wide, ids_of({1, 2}));
+      },
+      {watch(on_wide), watch(on_tall)}, one_rank_only);
+  expect_collective_refusal(
+      "gather on meshes of other shapes", {"differs between ranks"},
+      [&](bool here) {
+        if (here)
+          (void)kshard::gather(on_tall);
+        else
+          (void)kshard::gather(on_wide);
+      },
+      {watch(on_wide), watch(on_tall)}, one_rank_only);
+
+  // The tp sub-mesh of `wide` and `line` are the same ranks in the same order: a matrix on
+  // either gathers whole.
+  const auto full = kshard::test::reference_matrix<float>(8, 3, 1);
+  const auto sub = wide.sub("tp");
+  const auto rows = make(last ? sub : line, Layout(Shard<0>{}), 8, 3);
+  const auto back = kshard::gather(rows);
+  bool same = true;
+  for (std::size_t i = 0; i < 8; ++i)
+    for (std::size_t j = 0; j < 3; ++j) same = same && back(i, j) == full(i, j);
+  EXPECT_TRUE(all_ranks(same));
+}
+
 TEST(Mismatch, RedistributeTargetsAndSources) {
   const int size = world_size();
   kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size});
@@ -429,6 +482,102 @@ TEST(Mismatch, LinearLayerTokenCountsAndBias) {
                                                       DeviceMatrix("gy", n, out_local), grad, 1);
       },
       {watch(column_weight), watch(grad)}, one_rank_only);
+}
+
+// reduce_from_tp's all-reduce needs the same element type and extents on every rank of a tp
+// group: another count would truncate on one rank and hang the others, another type would sum
+// the bytes of floats as doubles.
+TEST(Mismatch, ReduceFromTpViewsWithinATpGroup) {
+  const int size = world_size();
+  kshard::Mesh<2> mesh(MPI_COMM_WORLD, {1, size}, {"dp", "tp"});
+  using Doubles = Kokkos::View<double**, Kokkos::LayoutRight, MemSpace>;
+  const auto filled = [](Doubles values) {
+    Kokkos::deep_copy(values, 1.5);
+    return values;
+  };
+  const Doubles kept = filled(Doubles("kept", 3, 2));
+  const Watched unchanged = [&] {
+    const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kept);
+    return static_cast<std::uint64_t>(host(0, 0) == 1.5 && host(2, 1) == 1.5);
+  };
+  expect_collective_refusal(
+      "extent 0",
+      {"kshard::reduce_from_tp: extent 0 of values differs between the ranks of a tp group: 3 on "
+       "rank 0, 4 on another"},
+      [&](bool here) { kshard::reduce_from_tp(mesh, 1, here ? filled(Doubles("v", 4, 2)) : kept); },
+      {unchanged}, one_rank_only);
+  expect_collective_refusal(
+      "element type",
+      {"the element type of values differs between the ranks of a tp group: double on rank 0, "
+       "float on another"},
+      [&](bool here) {
+        if (here)
+          kshard::reduce_from_tp(mesh, 1, DeviceMatrix("v", 3, 2));
+        else
+          kshard::reduce_from_tp(mesh, 1, kept);
+      },
+      {unchanged}, one_rank_only);
+  expect_collective_refusal(
+      "view rank",
+      {"the rank of values differs between the ranks of a tp group: 2 on rank 0, 1 on another"},
+      [&](bool here) {
+        if (here)
+          kshard::copy_to_tp_backward(mesh, 1, Kokkos::View<double*, MemSpace>("v", 6));
+        else
+          kshard::copy_to_tp_backward(mesh, 1, kept);
+      },
+      {unchanged}, one_rank_only);
+}
+
+// Different tp groups may reduce different extents (their dp replicas hold other batches).
+TEST(Mismatch, ReduceFromTpExtentsMayDifferBetweenDpGroups) {
+  const auto mesh = kshard::test::dp_tp_mesh();
+  const auto rows = static_cast<std::size_t>(2 + mesh.coords()[0]);
+  Kokkos::View<std::int64_t**, Kokkos::LayoutRight, MemSpace> values("v", rows, 3);
+  Kokkos::deep_copy(values, std::int64_t{mesh.my_rank()});
+  kshard::reduce_from_tp(mesh, 1, values);
+  std::int64_t want = 0;
+  auto coords = mesh.coords();
+  for (int c = 0; c < mesh.extent(1); ++c) {
+    coords[1] = c;
+    want += mesh.rank_of(coords);
+  }
+  const auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), values);
+  bool ok = got.extent(0) == rows;
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = 0; j < 3; ++j) ok = ok && got(i, j) == want;
+  EXPECT_TRUE(all_ranks(ok));
+}
+
+// Row norms of a column-split matrix sum over the column shards: a rank-dependent choice
+// between two matrices is refused alike everywhere; on row shards each rank's norms are its own.
+TEST(Mismatch, RowNormsOfAnotherMatrix) {
+  const int size = world_size();
+  kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size});
+  const auto five = make(mesh, Layout(Shard<1>{}), 5, 6);
+  const auto seven = make(mesh, Layout(Shard<1>{}), 7, 6);
+  expect_collective_refusal(
+      "rows",
+      {"kshard::row_squared_norms: the number of rows of the matrix differs between ranks: 5 on "
+       "rank 0, 7 on another"},
+      [&](bool here) { (void)kshard::row_squared_norms(here ? seven : five); },
+      {watch(five), watch(seven)}, one_rank_only);
+  const auto by_rows = make(mesh, Layout(Shard<0>{}), 5, 6);
+  const auto other_rows = make(mesh, Layout(Shard<0>{}), 7, 6, 2);
+  kshard::reset_comm_stats();
+  const bool here = kshard::test::world_rank() == size - 1;
+  const auto norms = Kokkos::create_mirror_view_and_copy(
+      Kokkos::HostSpace(), kshard::row_squared_norms(here ? other_rows : by_rows));
+  const auto& mine = here ? other_rows : by_rows;
+  const auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), mine.local());
+  bool ok = kshard::comm_stats().agreements == 0 && norms.extent(0) == local.extent(0);
+  for (std::size_t i = 0; ok && i < local.extent(0); ++i) {
+    double sum = 0;
+    for (std::size_t j = 0; j < local.extent(1); ++j)
+      sum += static_cast<double>(local(i, j)) * static_cast<double>(local(i, j));
+    ok = std::abs(norms(i) - sum) <= 1e-12 * sum;
+  }
+  EXPECT_TRUE(all_ranks(ok));
 }
 
 TEST(Overflow, SizesPastInt64AreRefusedBeforeAllocating) {

@@ -208,6 +208,55 @@ TEST(Root, DistributePartialGivesValidAddends) {
   }
 }
 
+// distribute without a root where the ranks pass other values (one element on the last rank,
+// or a rank-dependent seed): the matrix is rank 0's, scattered by it (DTensor's default
+// src_data_rank), never replicas that disagree; with the same values, no data moves.
+struct DistributeOfDifferingValues {
+  template <class L, std::size_t M>
+  void operator()(const kshard::Mesh<M>& mesh, const L& layout, std::uint64_t seed) const {
+    for (const auto& [rows, cols] : shapes)
+      for (const int how : {0, 1, 2}) {  // the same values, one element changed, another seed
+        SCOPED_TRACE(::testing::Message()
+                     << "layout #" << seed << " mesh " << ::testing::PrintToString(mesh.shape())
+                     << " " << rows << " x " << cols << " case " << how);
+        const int rank = mesh.my_rank();
+        const auto rank0 = reference_matrix<double>(rows, cols, seed);
+        auto mine = how == 2 ? reference_matrix<double>(rows, cols, seed + rank) : rank0;
+        if (how == 1 && rank == mesh.size() - 1 && rank > 0 && rows * cols > 0) {
+          mine = reference_matrix<double>(rows, cols, seed);
+          mine(rows - 1, cols - 1) = -mine(rows - 1, cols - 1);
+        }
+        kshard::reset_comm_stats();
+        const auto matrix =
+            kshard::distribute<ExecSpace, MemSpace>(mesh, layout, HostMatrix<const double>(mine));
+        const kshard::CommStats stats = kshard::comm_stats();
+        const auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
+        const auto& map = matrix.mapping();
+        const bool zero = zero_addend<L>(mesh.coords());
+        bool ok = true;
+        for (index_t i = 0; ok && i < map.rows.local_extent(); ++i)
+          for (index_t j = 0; j < map.cols.local_extent(); ++j)
+            ok = ok &&
+                 local(i, j) == (zero ? 0.0 : rank0(map.rows.to_global(i), map.cols.to_global(j)));
+        EXPECT_TRUE(all_ranks(ok));
+        // Rank 0's values differ from the last rank's only where one was changed on it.
+        const bool differ = mesh.size() > 1 && rows * cols > 0 && how != 0;
+        // The constructor's two agreements (arguments, allocation) and the digest's.
+        EXPECT_TRUE(all_ranks(stats.agreements == 3 && stats.collectives == (differ ? 1 : 0)))
+            << stats.agreements << " agreements, " << stats.collectives << " collectives";
+      }
+  }
+};
+
+TEST(Root, DistributeOfDifferingValuesIsRankZerosMatrix) {
+  const DistributeOfDifferingValues check;
+  for_each_1d_layout(check);
+  for_each_2d_layout(check);
+  const kshard::Mesh<1> mesh(MPI_COMM_WORLD, {world_size()});
+  check(mesh, Layout(Partial<>{}), 21);
+  check(mesh, Layout(Partial<kshard::ReduceOp::max>{}), 22);
+}
+
 TEST(Root, GatherMatchesTheReference) {
   for_each_1d_layout(EveryCase<Tested::gather, double>{});
   for_each_1d_layout(EveryCase<Tested::gather, float>{});

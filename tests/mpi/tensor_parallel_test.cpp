@@ -372,11 +372,13 @@ TEST(TensorParallelRegion, ReduceAndCopyPairs) {
     for (std::size_t i = 0; i < 3; ++i)
       for (std::size_t j = 0; j < 4; ++j) host(i, j) = value(mesh.my_rank(), i, j);
 
-    // reduce_from_tp forward: one all-reduce of 12 doubles; backward: identity, silent.
+    // reduce_from_tp forward: one agreement and one all-reduce of 12 doubles; backward:
+    // identity, silent.
     auto values = to_device(host);
     kshard::reset_comm_stats();
     kshard::reduce_from_tp<ExecSpace>(mesh, tp, values);
     bool ok = kshard::comm_stats().collectives == (reduces ? 1 : 0) &&
+              kshard::comm_stats().agreements == (reduces ? 1 : 0) &&
               kshard::comm_stats().bytes_sent == (reduces ? 12 * 8 : 0);
     auto got = to_host(values);
     for (std::size_t i = 0; i < 3; ++i)

@@ -196,6 +196,12 @@ inline void agree(const comm::Group& group, std::optional<std::string> local_pro
   Agreement(group).problem(std::move(local_problem)).settle();
 }
 
+// Throws a problem found where no other rank needs to learn of it (a local operation, or a
+// check every rank makes alike from agreed values).
+inline void throw_if(const std::optional<std::string>& problem) {
+  if (problem) throw error(*problem);
+}
+
 // ----- How arguments are described for agreement -------------------------------------------
 
 // `text` must be the same on every rank; compared as a digest, quoted in the message.

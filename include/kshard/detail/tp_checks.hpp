@@ -139,10 +139,6 @@ std::optional<std::string> placement_problem(const P& param, const G& grad, cons
   return std::nullopt;
 }
 
-inline void throw_if(const std::optional<std::string>& problem) {
-  if (problem) throw error(*problem);
-}
-
 // "R x C": the extents of a rank-2 view, for messages.
 template <class V>
 std::string shape_of(const V& v) {
@@ -150,14 +146,18 @@ std::string shape_of(const V& v) {
 }
 
 // What the ranks of one tp group must share (`fill` adds it to an Agreement), compared within
-// the group. The outcome is the same on every rank of the group and becomes a problem of the
-// mesh-wide agreement that follows, so a difference inside one group stops every rank.
+// the group, with this rank's own `problem`: a rank's problem (a bad id, a wrong shape) goes
+// before the difference it causes, so the group learns the cause, not "the ids differ". The
+// outcome is the same on every rank of the group and becomes a problem of the mesh-wide
+// agreement that follows, so a difference inside one group stops every rank.
 template <std::size_t N, class Fill>
-std::optional<std::string> agree_in_tp_group(const Mesh<N>& mesh, std::size_t split, Fill&& fill) {
+std::optional<std::string> agree_in_tp_group(const Mesh<N>& mesh, std::size_t split,
+                                             const std::optional<std::string>& problem,
+                                             Fill&& fill) {
   if (mesh.extent(split) == 1) return std::nullopt;
   Agreement group(mesh.dim_group(split), "the ranks of a tp group");
   fill(group);
-  return group.outcome();
+  return group.problem(problem).outcome();
 }
 
 // The mesh-wide agreement of a tensor-parallel call on `matrix` (its element type, shape and
