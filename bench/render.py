@@ -209,6 +209,9 @@ def target_rows(records):
         for r in pick(records, "rowwise", "zero_row", type=t):
             add(f"zero_row ({t}) bytes sent", r, r["bytes_sent"], 0, False, " B")
             add(f"zero_row ({t}) / raw fill of the row", r, r["ratio"], 2.0, False)
+    for r in pick(records, "rowwise", "distribute_digest"):
+        add("distribute's digest of the whole matrix / plain read of its bytes", r, r["ratio"],
+            1.35, False)
     for r in pick(records, "rowwise", "zero_row_gather_scatter"):
         add("gather-zero-scatter / zero_row", r, r["ratio"], 1000, True)
     for t in ("float", "bf16"):

@@ -9,7 +9,9 @@
 
 #include <fmt/format.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <tuple>
@@ -276,6 +278,35 @@ void zero_row_baseline(kshard::bench::Report& report, const kshard::Mesh<1>& mes
                   rows, cols, t_naive, t_naive / (t_zero / calls)));
 }
 
+// distribute(mesh, layout, full) checks that every rank passes the same values by a digest of
+// the whole host matrix on every rank: against a plain read of the same bytes as 64-bit words
+// (target: ratio <= 1.35, i.e. >= 0.75 of the memory's speed).
+void distribute_digest(kshard::bench::Report& report, index_t rows, index_t cols,
+                       const kshard::bench::Options& options) {
+  kshard::HostMatrix<float> full("full", rows, cols);
+  for (std::size_t i = 0; i < full.extent(0); ++i)
+    for (std::size_t j = 0; j < full.extent(1); ++j)
+      full(i, j) = 0.001f * static_cast<float>((i * 31 + j) % 257);
+  std::int64_t digests = 0;
+  std::uint64_t words = 0;
+  const auto t = kshard::bench::time_paired(
+      MPI_COMM_WORLD, options.repetitions,
+      [&] { digests ^= kshard::detail::values_digest(kshard::HostMatrix<const float>(full)); },
+      [&] {
+        const auto* at = reinterpret_cast<const std::uint64_t*>(full.data());
+        std::uint64_t sum = 0;  // a local: `words` may alias the data, which keeps it in memory
+        for (std::size_t k = 0; k < full.span() / 2; ++k) sum += at[k];
+        words += sum;
+      });
+  if (digests == 1 && words == 1) std::printf(" ");
+  const double gb = static_cast<double>(full.span() * sizeof(float)) / 1e9;
+  report.add(
+      "distribute_digest",
+      fmt::format(
+          R"("type": "float", "rows": {}, "cols": {}, "seconds": {:.6g}, "gbps_per_rank": {:.4g}, "read_gbps_per_rank": {:.4g}, "ratio": {:.4g})",
+          rows, cols, t.seconds, gb / t.seconds, gb / t.baseline, t.ratio));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -331,6 +362,7 @@ int main(int argc, char** argv) {
         report.add("peak_rss",
                    fmt::format(R"("mib_per_rank": {:.1f}, "table_mib_per_rank": {:.1f})", max_rss,
                                static_cast<double>(rows * cols * 4) / size / 1048576.0));
+        distribute_digest(report, rows / 4, cols, options);
         zero_row_baseline(report, mesh, rows, cols, options);  // allocates the whole table: last
       });
 }

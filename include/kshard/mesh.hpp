@@ -177,7 +177,7 @@ class Mesh {
   [[nodiscard]] int my_rank() const { return state_->rank; }
   /// This process's mesh coordinates.
   [[nodiscard]] const std::array<int, N>& coords() const { return state_->coords; }
-  /// The mesh's own communicator (a duplicate of the one given).
+  /// The mesh's communicator: a duplicate of the one given, shared by every mesh built over it.
   [[nodiscard]] MPI_Comm comm() const { return state_->group.native(); }
   /// The ranks that differ from this one only in coordinate `m`, ranked by that coordinate.
   [[nodiscard]] MPI_Comm dim_comm(std::size_t m) const { return state_->dim_groups[m].native(); }
