@@ -187,6 +187,7 @@ std::int64_t values_digest(const HostMatrix<T>& full) {
 // Whether `full` holds other values on some rank of `mesh` (one agreement).
 template <std::size_t M, class T>
 bool values_differ(const Mesh<M>& mesh, const HostMatrix<T>& full) {
+  if (mesh.size() == 1) return false;  // no other copy: nothing to read or compare
   Agreement agreement(mesh.group());
   agreement.same("the values of the whole matrix", values_digest(full),
                  [](std::int64_t) { return std::string(); });
@@ -272,8 +273,9 @@ void gather_checks(Agreement& agreement, const Matrix& matrix, std::string_view 
 /// For a `Partial` mesh dimension the value becomes a valid addend set: with `sum`, coordinate
 /// 0 holds the value and the others zeros; with `max`, `min` and `avg` every rank holds it.
 /// Cost: the constructor's agreement, a digest of `full` on every rank (one read of it, at 0.8x
-/// the speed of a plain read) compared in one more agreement, then the copy to the shard on
-/// `space` (fenced before returning); the scatter only where the values differ.
+/// the speed of a plain read) compared in one more agreement (neither on a mesh of one rank),
+/// then the copy to the shard on `space` (fenced before returning); the scatter only where the
+/// values differ.
 template <class ExecSpace, class MemSpace = typename ExecSpace::memory_space, class FT,
           std::size_t M, class L>
 requires Kokkos::is_execution_space<ExecSpace>::value
