@@ -88,6 +88,49 @@ KOKKOS_INLINE_FUNCTION std::uint64_t mix_id(std::uint64_t id, std::uint64_t posi
   return z ^ (z >> 31);
 }
 
+template <class IdView>
+struct IdRange {
+  IdView ids;
+  KOKKOS_INLINE_FUNCTION void operator()(index_t i, Kokkos::MinMaxScalar<index_t>& r) const {
+    const auto id = static_cast<index_t>(ids(i));
+    if (id < r.min_val) r.min_val = id;
+    if (id > r.max_val) r.max_val = id;
+  }
+};
+
+template <class IdView>
+struct IdDigest {
+  IdView ids;
+  KOKKOS_INLINE_FUNCTION void operator()(index_t i, std::uint64_t& sum) const {
+    sum += mix_id(static_cast<std::uint64_t>(ids(i)), static_cast<std::uint64_t>(i));
+  }
+};
+
+// The lookup's kernel, one team per id (a league of N): out(i, :) = scale * the local row of
+// ids(i), or zeros where this rank does not hold it.
+template <class Rows, class Local, class IdView, class OutView>
+struct LookupRows {
+  using Out = typename OutView::non_const_value_type;
+  Rows rows;
+  Local local;
+  IdView ids;
+  OutView out;
+  Out scale;
+  index_t cols;
+  template <class Team>
+  KOKKOS_INLINE_FUNCTION void operator()(const Team& team) const {
+    const index_t i = team.league_rank();
+    const index_t l = rows.to_local(static_cast<index_t>(ids(i)));
+    if (l == invalid_index)
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols),
+                           [&](const index_t j) { out(i, j) = Out(0); });
+    else
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols), [&](const index_t j) {
+        out(i, j) = static_cast<Out>(local(l, j)) * scale;
+      });
+  }
+};
+
 // Range and digest of `ids`: two reductions over the N ids on `space` (each waits for its
 // result).
 template <class ExecSpace, class IdView>
@@ -97,21 +140,10 @@ IdSummary summarize_ids(const ExecSpace& space, const IdView& ids) {
   if (n == 0) return summary;
   const Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>> all(space, 0, n);
   Kokkos::MinMaxScalar<index_t> range{};
-  Kokkos::parallel_reduce(
-      "kshard::id_range", all,
-      KOKKOS_LAMBDA(const index_t i, Kokkos::MinMaxScalar<index_t>& r) {
-        const auto id = static_cast<index_t>(ids(i));
-        if (id < r.min_val) r.min_val = id;
-        if (id > r.max_val) r.max_val = id;
-      },
-      Kokkos::MinMax<index_t>(range));
+  Kokkos::parallel_reduce("kshard::id_range", all, IdRange<IdView>{ids},
+                          Kokkos::MinMax<index_t>(range));
   std::uint64_t digest = 0;
-  Kokkos::parallel_reduce(
-      "kshard::id_digest", all,
-      KOKKOS_LAMBDA(const index_t i, std::uint64_t& sum) {
-        sum += mix_id(static_cast<std::uint64_t>(ids(i)), static_cast<std::uint64_t>(i));
-      },
-      digest);
+  Kokkos::parallel_reduce("kshard::id_digest", all, IdDigest<IdView>{ids}, digest);
   return {range.min_val, range.max_val, std::bit_cast<std::int64_t>(digest)};
 }
 
@@ -133,6 +165,25 @@ struct TouchedRows {
   Kokkos::View<index_t*, MemSpace> begin_of;
   Kokkos::View<index_t*, MemSpace> position;
   index_t count = 0;
+};
+
+// The backward's kernel over (touched row u, column j): adds scale * the sum, in position order,
+// of grad_output(p, j) over u's positions p to local(row_of(u), j).
+template <class Local, class GradView, class MemSpace>
+struct AddTouchedRows {
+  using T = typename Local::value_type;
+  using Out = typename GradView::non_const_value_type;
+  TouchedRows<MemSpace> touched;
+  Local local;
+  GradView grad_output;
+  Out scale;
+  KOKKOS_INLINE_FUNCTION void operator()(index_t u, index_t j) const {
+    Out sum = Out(0);
+    for (index_t q = touched.begin_of(u); q < touched.begin_of(u + 1); ++q)
+      sum += scale * grad_output(touched.position(q), j);
+    const index_t l = touched.row_of(u);
+    local(l, j) = static_cast<T>(static_cast<Out>(local(l, j)) + sum);
+  }
 };
 
 // Builds TouchedRows on the host from the ids (copied there on `space`), then copies it to
@@ -242,25 +293,14 @@ void vocab_parallel_lookup(const ExecSpace& space, const M& table, const IdView&
       });
   detail::tp_agreement(table, "the table", tp_dim).problem(group).problem(problem).settle();
 
-  const auto rows = table.mapping().rows;
-  const auto local = table.local();
-  const auto s = static_cast<Out>(scale);
   // One team per id: the id is mapped once, then its row is copied by the team's threads along
   // the contiguous columns (a plain vectorisable row copy on the host, coalesced on a GPU).
-  using Policy = Kokkos::TeamPolicy<ExecSpace>;
+  using Rows = std::remove_cvref_t<decltype(table.mapping().rows)>;
   Kokkos::parallel_for(
-      "kshard::vocab_parallel_lookup", Policy(space, static_cast<int>(n), Kokkos::AUTO),
-      KOKKOS_LAMBDA(const typename Policy::member_type& team) {
-        const index_t i = team.league_rank();
-        const index_t l = rows.to_local(static_cast<index_t>(ids(i)));
-        if (l == invalid_index)
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, h),
-                               [&](const index_t j) { out(i, j) = Out(0); });
-        else
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, h), [&](const index_t j) {
-            out(i, j) = static_cast<Out>(local(l, j)) * s;
-          });
-      });
+      "kshard::vocab_parallel_lookup",
+      Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(n), Kokkos::AUTO),
+      detail::LookupRows<Rows, typename M::view_type, IdView, OutView>{
+          table.mapping().rows, table.local(), ids, out, static_cast<Out>(scale), h});
   detail::sum_over_tp(space, table.mesh(), tp_dim, out);
 }
 
@@ -340,22 +380,12 @@ void vocab_parallel_lookup_backward(const ExecSpace& space, const M& grad_table,
   const auto touched = detail::touched_rows<typename M::memory_space>(
       space, grad_table.mapping().rows, ids, vocab, padding_id, h > 0, who);
   if (touched.count == 0 || h == 0) return;
-  const auto row_of = touched.row_of;
-  const auto begin_of = touched.begin_of;
-  const auto position = touched.position;
-  const auto local = grad_table.local();
-  const auto s = static_cast<Out>(scale);
   Kokkos::parallel_for(
       "kshard::vocab_parallel_lookup_backward",
       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<index_t>>(
           space, {0, 0}, {touched.count, h}),
-      KOKKOS_LAMBDA(const index_t u, const index_t j) {
-        Out sum = Out(0);
-        for (index_t q = begin_of(u); q < begin_of(u + 1); ++q)
-          sum += s * grad_output(position(q), j);
-        const index_t l = row_of(u);
-        local(l, j) = static_cast<T>(static_cast<Out>(local(l, j)) + sum);
-      });
+      detail::AddTouchedRows<typename M::view_type, GradView, typename M::memory_space>{
+          touched, grad_table.local(), grad_output, static_cast<Out>(scale)});
 }
 
 /// `vocab_parallel_lookup_backward(space, grad_table, ids, grad_output, tp_dim, scale,

@@ -121,6 +121,13 @@ constexpr void check_linear_types() {
                 "kshard: activations, biases and gradients must have the weight's element type");
 }
 
+template <class View, class Bias>
+struct AddBias {
+  View values;
+  Bias bias;
+  KOKKOS_INLINE_FUNCTION void operator()(index_t i, index_t j) const { values(i, j) += bias(j); }
+};
+
 // values(i, j) += bias(j), on `space`.
 template <class ExecSpace, class View, class Bias>
 void add_bias(const ExecSpace& space, const View& values, const Bias& bias) {
@@ -129,7 +136,7 @@ void add_bias(const ExecSpace& space, const View& values, const Bias& bias) {
       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<index_t>>(
           space, {0, 0},
           {static_cast<index_t>(values.extent(0)), static_cast<index_t>(values.extent(1))}),
-      KOKKOS_LAMBDA(const index_t i, const index_t j) { values(i, j) += bias(j); });
+      AddBias<View, Bias>{values, bias});
 }
 
 // A new N x cols matrix view for a layer's result, overwritten by its product.

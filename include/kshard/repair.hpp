@@ -199,6 +199,26 @@ HeldRows<MemSpace> held_rows(const ExecSpace& space, const Map& rows,
   return {on_space, row_on_space, static_cast<index_t>(position.size())};
 }
 
+// The squared value of element j of held row h, cast to T first, for row_sums.
+template <class T, class MemSpace, class Value>
+struct HeldSquares {
+  HeldRows<MemSpace> held;
+  Value value;
+  KOKKOS_INLINE_FUNCTION double operator()(index_t h, index_t j) const {
+    return squared(static_cast<T>(value(held.position(h), held.local_row(h), j)));
+  }
+};
+
+// partial(position(h)) = sum, for row_sums.
+template <class MemSpace>
+struct StoreAtPosition {
+  Kokkos::View<index_t*, MemSpace> position;
+  Kokkos::View<double*, MemSpace> partial;
+  KOKKOS_INLINE_FUNCTION void operator()(index_t h, double sum) const {
+    partial(position(h)) = sum;
+  }
+};
+
 // Full-row squared norms of `value(position, local_row, local_col)` cast to T, for the
 // damaged ids, on every rank: local partial sums on `space` from the first copy of each
 // element, then one all-reduce over the mesh.
@@ -209,16 +229,9 @@ std::vector<double> damaged_row_norms(const ExecSpace& space, const char* label,
                                       const Value& value) {
   Kokkos::View<double*, MemSpace> partial(Kokkos::view_alloc(space, "kshard::damaged_row_norms"),
                                           num_ids);
-  if (first_copy) {
-    const auto position = held.position;
-    const auto local_row = held.local_row;
-    row_sums(
-        space, label, held.count, cols,
-        KOKKOS_LAMBDA(const index_t h, const index_t j) {
-          return squared(static_cast<T>(value(position(h), local_row(h), j)));
-        },
-        KOKKOS_LAMBDA(const index_t h, const double sum) { partial(position(h)) = sum; });
-  }
+  if (first_copy)
+    row_sums(space, label, held.count, cols, HeldSquares<T, MemSpace, Value>{held, value},
+             StoreAtPosition<MemSpace>{held.position, partial});
   group.allreduce(space, partial, ReduceOp::sum);
   const auto host = to_host(space, partial,
                             "kshard::repair_embedding_rows: the damaged rows' norms, for the host");
@@ -314,6 +327,13 @@ std::vector<index_t> agree_on_repair(const In& input, const Out* output, const R
   return kept;
 }
 
+// Whether local row i is healthy, for add_column_sums.
+template <class MemSpace>
+struct IsHealthy {
+  Kokkos::View<std::uint8_t*, MemSpace> healthy;
+  KOKKOS_INLINE_FUNCTION bool operator()(index_t i) const { return healthy(i) != 0; }
+};
+
 // The mean of the healthy rows (`healthy_on_host`: 1 per healthy local row, `count` of them over
 // the whole matrix): returns its full norm, and its local columns in `direction` (a new view).
 // A second pass over the input shard, on `space`, needed only by the mean_direction strategy.
@@ -330,9 +350,8 @@ double mean_healthy_direction(const ExecSpace& space, const In& input,
   if (first_copy) {
     const auto healthy = vector_to_space<MemSpace>(space, healthy_on_host, "kshard::healthy");
     // Each work item sums a block of columns down the rows: contiguous reads along every row.
-    add_column_sums<32>(
-        space, "kshard::repair::mean_direction", local, column_sums,
-        KOKKOS_LAMBDA(const index_t i) { return healthy(i) != 0; });
+    add_column_sums<32>(space, "kshard::repair::mean_direction", local, column_sums,
+                        IsHealthy<MemSpace>{healthy});
   }
   // Every rank assembles all columns, then keeps its own.
   const auto host_sums =
@@ -646,6 +665,15 @@ inline double target_norm_or_refuse(const RepairReport& report, double min_norm,
   return target;
 }
 
+// Element (l, j) of the output embedding's shard, for held row l of any damaged id.
+template <class OutView>
+struct OutputValue {
+  OutView out;
+  KOKKOS_INLINE_FUNCTION double operator()(index_t, index_t l, index_t j) const {
+    return widen(out(l, j));
+  }
+};
+
 // The damaged rows of `output` must be healthy to give directions: their norms (for the
 // scales), or the refusal. One all-reduce.
 template <class ExecSpace, class In, class Out, class MemSpace>
@@ -653,11 +681,9 @@ std::vector<double> output_row_norms(const ExecSpace& space, const In& input, co
                                      const HeldRows<MemSpace>& held, const RepairReport& report,
                                      bool first_copy, double min_norm, const RepairNames& names) {
   const std::vector<index_t>& ids = report.repaired_row_ids;
-  const auto out = output.local();
   const auto norms = damaged_row_norms<typename Out::value_type>(
       space, "kshard::repair::output_norms", held, ids.size(), input.mapping().cols.local_extent(),
-      first_copy, input.mesh().group(),
-      KOKKOS_LAMBDA(index_t, index_t l, index_t j) { return widen(out(l, j)); });
+      first_copy, input.mesh().group(), OutputValue<typename Out::view_type>{output.local()});
   if (const auto bad = damaged_ids(ids, norms, min_norm); !bad.empty())
     throw error(fmt::format(
         "kshard::repair_embedding_rows: rows [{}] of '{}' are damaged too and cannot give "
@@ -714,21 +740,27 @@ void verify_repaired_rows(const ExecSpace& space, const In& input, const HeldRow
         fmt::join(still, ", "), names.input));
 }
 
+// local(local_row(h), j) = value(position(h), local_row(h), j), cast to the element type.
+template <class Local, class MemSpace, class Value>
+struct WriteHeldRows {
+  Local local;
+  HeldRows<MemSpace> held;
+  Value value;
+  KOKKOS_INLINE_FUNCTION void operator()(index_t h, index_t j) const {
+    const index_t l = held.local_row(h);
+    local(l, j) = static_cast<typename Local::value_type>(value(held.position(h), l, j));
+  }
+};
+
 // Writes the repaired values into the held rows of `input`, on `space`.
 template <class ExecSpace, class In, class MemSpace, class Value>
 void write_repaired_rows(const ExecSpace& space, const In& input, const HeldRows<MemSpace>& held,
                          const Value& value) {
-  using T = typename In::value_type;
-  const auto local = input.local();
-  const auto position = held.position;
-  const auto local_row = held.local_row;
   Kokkos::parallel_for(
       "kshard::repair::write",
       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<index_t>>(
           space, {0, 0}, {held.count, input.mapping().cols.local_extent()}),
-      KOKKOS_LAMBDA(const index_t h, const index_t j) {
-        local(local_row(h), j) = static_cast<T>(value(position(h), local_row(h), j));
-      });
+      WriteHeldRows<typename In::view_type, MemSpace, Value>{input.local(), held, value});
 }
 
 // The repair, in its steps: agree on the arguments, detect, refuse tied weights, check the

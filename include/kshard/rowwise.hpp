@@ -64,6 +64,16 @@ void sum_over_column_shards(const ExecSpace& space, const M& matrix, const View&
       matrix.mesh().dim_group(m).allreduce(space, values, ReduceOp::sum);
 }
 
+// Zeroes row `row` of `local`, one element per work item.
+template <class View>
+struct ZeroRow {
+  View local;
+  index_t row;
+  KOKKOS_INLINE_FUNCTION void operator()(index_t j) const {
+    local(row, j) = typename View::value_type(0.0f);
+  }
+};
+
 }  // namespace detail
 
 /// Sets global row `row` to zero wherever this rank holds part of it; negative rows count
@@ -81,12 +91,9 @@ bool zero_row(const ExecSpace& space, const M& matrix, index_t row) {
   const index_t local_row = matrix.mapping().rows.to_local(global);
   const index_t cols = matrix.mapping().cols.local_extent();
   if (local_row == invalid_index || cols == 0) return false;
-  using T = typename M::value_type;
-  const auto local = matrix.local();
-  Kokkos::parallel_for(
-      "kshard::zero_row",
-      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, cols),
-      KOKKOS_LAMBDA(const index_t j) { local(local_row, j) = T(0.0f); });
+  Kokkos::parallel_for("kshard::zero_row",
+                       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, cols),
+                       detail::ZeroRow<typename M::view_type>{matrix.local(), local_row});
   return true;
 }
 

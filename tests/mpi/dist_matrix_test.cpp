@@ -7,7 +7,6 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
 #include <random>
 #include <string>
 #include <tuple>
@@ -30,6 +29,7 @@ using kshard::test::make_placement;
 using kshard::test::Matrix;
 using kshard::test::MemSpace;
 using kshard::test::reference_matrix;
+using kshard::test::same_bits;
 using kshard::test::world_size;
 
 template <class T, class L, std::size_t M>
@@ -52,10 +52,7 @@ void check_round_trip(const kshard::Mesh<M>& mesh, const L& layout, index_t rows
     for (index_t j = 0; j < map.cols.local_extent(); ++j)
       shard_ok = shard_ok && local(i, j) == full(map.rows.to_global(i), map.cols.to_global(j));
   EXPECT_TRUE(all_ranks(shard_ok));
-  const auto gathered = kshard::gather(matrix);
-  const bool same = gathered.extent(0) == full.extent(0) && gathered.extent(1) == full.extent(1) &&
-                    std::memcmp(gathered.data(), full.data(), full.span() * sizeof(T)) == 0;
-  EXPECT_TRUE(all_ranks(same));
+  EXPECT_TRUE(all_ranks(same_bits(kshard::gather(matrix), full)));
 }
 
 // Random shapes: 0 rows, fewer rows than ranks, uneven; same on every rank.

@@ -46,9 +46,6 @@ class RegionLog {
   }
 
  private:
-  static bool is_host_space_free(std::string_view name) {
-    return name.ends_with("HostSpace::impl_deallocate before free");  // spelled so since 4.6
-  }
   static std::vector<std::string>& names() {
     static std::vector<std::string> log;
     return log;

@@ -36,6 +36,7 @@ using kshard::test::expect_collective_refusal;
 using kshard::test::expect_local_refusal;
 using kshard::test::Matrix;
 using kshard::test::MemSpace;
+using kshard::test::same_bits;
 using kshard::test::watch;
 using kshard::test::Watched;
 using kshard::test::world_size;
@@ -212,12 +213,7 @@ TEST(Mismatch, MeshesBuiltAlikeAreOneMesh) {
   EXPECT_TRUE(grid == grid_again);
 
   const auto full = kshard::test::reference_matrix<float>(8, 3, 1);
-  const auto is_full = [&](const auto& host) {
-    bool equal = true;
-    for (std::size_t i = 0; i < 8; ++i)
-      for (std::size_t j = 0; j < 3; ++j) equal = equal && host(i, j) == full(i, j);
-    return all_ranks(equal);
-  };
+  const auto is_full = [&](const auto& host) { return all_ranks(same_bits(host, full)); };
   const auto m = make(last ? b : a, Layout(Shard<0>{}), 8, 3);
   EXPECT_TRUE(is_full(kshard::gather(m)));
   const Matrix<float, Layout<Replicate>> on_a(a, {}, 8, 3);
@@ -283,11 +279,7 @@ TEST(Mismatch, MeshesOfOtherShapesMeetInOneAgreement) {
   const auto full = kshard::test::reference_matrix<float>(8, 3, 1);
   const auto sub = wide.sub("tp");
   const auto rows = make(last ? sub : line, Layout(Shard<0>{}), 8, 3);
-  const auto back = kshard::gather(rows);
-  bool same = true;
-  for (std::size_t i = 0; i < 8; ++i)
-    for (std::size_t j = 0; j < 3; ++j) same = same && back(i, j) == full(i, j);
-  EXPECT_TRUE(all_ranks(same));
+  EXPECT_TRUE(all_ranks(same_bits(kshard::gather(rows), full)));
 }
 
 TEST(Mismatch, RedistributeTargetsAndSources) {
@@ -613,11 +605,7 @@ TEST(Overflow, SizesPastInt64AreRefusedBeforeAllocating) {
   // Extreme but valid: split factors and extents at INT64_MAX map exactly.
   const auto strided = make(mesh, Layout(StridedShard<0>{int64_max}), 10, 3);
   const auto full = kshard::test::reference_matrix<float>(10, 3, 1);
-  const auto back = kshard::gather(strided);
-  bool same = true;
-  for (std::size_t r = 0; r < 10; ++r)
-    for (std::size_t c = 0; c < 3; ++c) same = same && back(r, c) == full(r, c);
-  EXPECT_TRUE(all_ranks(same));
+  EXPECT_TRUE(all_ranks(same_bits(kshard::gather(strided), full)));
   const Matrix<float, Layout<Shard<0>>> empty_columns(mesh, {}, int64_max, 0);
   index_t rows = 0;
   const index_t mine = empty_columns.mapping().rows.local_extent();

@@ -43,6 +43,7 @@ using kshard::test::Matrix;
 using kshard::test::MemSpace;
 using kshard::test::other_instance;
 using kshard::test::reference_matrix;
+using kshard::test::same_bits;
 using kshard::test::world_size;
 
 using Sum = Partial<ReduceOp::sum>;
@@ -138,15 +139,6 @@ bool shard_matches(const Matrix<T, L>& matrix, const kshard::HostMatrix<T>& full
   return ok;
 }
 
-template <class A, class B>
-bool same_bits(const A& a, const B& b) {
-  static_assert(std::is_same_v<typename A::value_type, typename B::value_type>);
-  const auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
-  const auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
-  return ha.extent(0) == hb.extent(0) && ha.extent(1) == hb.extent(1) &&
-         std::memcmp(ha.data(), hb.data(), ha.span() * sizeof(typename A::value_type)) == 0;
-}
-
 // redistribute_into a matrix of `moved`'s layout on `target_mesh`, holding garbage: the same
 // shard, bit for bit, and the same bytes sent as the redistribute that returned `moved`.
 template <class T, class L, std::size_t NT, class LT>
@@ -225,8 +217,7 @@ void check_transition(const kshard::Mesh<N>& mesh, const L& source, const LT& ta
   if constexpr (!LT::has_partial) {
     if (!averaged) {
       const auto gathered = kshard::gather(moved);
-      EXPECT_TRUE(
-          all_ranks(std::memcmp(gathered.data(), full.data(), full.span() * sizeof(T)) == 0));
+      EXPECT_TRUE(all_ranks(same_bits(gathered, full)));
     }
   }
   const std::int64_t expected = single_dim_bytes<T>(mesh, source, target, rows, cols);

@@ -34,6 +34,7 @@ using kshard::test::collective_error;
 using kshard::test::ExecSpace;
 using kshard::test::MemSpace;
 using kshard::test::other_instance;
+using kshard::test::same_bits;
 using kshard::test::world_size;
 
 template <class T>
@@ -42,12 +43,6 @@ kshard::HostMatrix<T> host_matrix(const std::vector<std::vector<double>>& rows) 
   for (std::size_t r = 0; r < rows.size(); ++r)
     for (std::size_t c = 0; c < rows[r].size(); ++c) m(r, c) = static_cast<T>(rows[r][c]);
   return m;
-}
-
-template <class T>
-bool bitwise_equal(const kshard::HostMatrix<T>& a, const kshard::HostMatrix<T>& b) {
-  return a.extent(0) == b.extent(0) && a.extent(1) == b.extent(1) &&
-         std::memcmp(a.data(), b.data(), a.span() * sizeof(T)) == 0;
 }
 
 template <class T, class L, std::size_t M>
@@ -97,7 +92,7 @@ void check_spec_case(const kshard::Mesh<M>& mesh, const L& layout, RepairStrateg
         ok = ok && (r == 1 || r == 3 ? std::abs(got - want) <= 1e-6 : got == want);
       }
     EXPECT_TRUE(all_ranks(ok));
-    EXPECT_TRUE(all_ranks(bitwise_equal(kshard::gather(output), output_full)));
+    EXPECT_TRUE(all_ranks(same_bits(kshard::gather(output), output_full)));
   }
   {  // The padding row, zeroed on purpose first (README order), is kept: never repaired.
     auto input = make(mesh, layout, input_full);
@@ -135,7 +130,7 @@ void check_spec_case(const kshard::Mesh<M>& mesh, const L& layout, RepairStrateg
     EXPECT_NE(message.find("2 rows of 'embed_tokens' are damaged, more than max_rows = 1"),
               std::string::npos)
         << message;
-    EXPECT_TRUE(all_ranks(bitwise_equal(kshard::gather(input), input_full)));
+    EXPECT_TRUE(all_ranks(same_bits(kshard::gather(input), input_full)));
   }
   if (strategy == RepairStrategy::output_direction) {  // output row 1 zeroed: refused, names 1
     auto damaged_output = host_matrix<T>(spec_output);
@@ -145,7 +140,7 @@ void check_spec_case(const kshard::Mesh<M>& mesh, const L& layout, RepairStrateg
     const auto message =
         collective_error([&] { (void)kshard::repair_embedding_rows(input, output, config); });
     EXPECT_NE(message.find("rows [1] of 'lm_head' are damaged too"), std::string::npos) << message;
-    EXPECT_TRUE(all_ranks(bitwise_equal(kshard::gather(input), input_full)));
+    EXPECT_TRUE(all_ranks(same_bits(kshard::gather(input), input_full)));
   }
 }
 
@@ -270,7 +265,7 @@ void check_random_case(const kshard::Mesh<M>& mesh, const L& layout, std::uint64
   const auto after = kshard::gather(input);
   if (ref.refusal) {
     EXPECT_NE(message.find(*ref.refusal), std::string::npos) << message;
-    EXPECT_TRUE(all_ranks(bitwise_equal(after, input_full)));
+    EXPECT_TRUE(all_ranks(same_bits(after, input_full)));
     return;
   }
   ASSERT_TRUE(all_ranks(message.empty() && report.has_value())) << message;
@@ -342,7 +337,7 @@ TEST(Repair, RepeatedRunsAreBitIdentical) {
   }
   bool same = true;
   for (int run = 1; run < 3; ++run)
-    same = same && bitwise_equal(results[0], results[run]) && reports[0] == reports[run];
+    same = same && same_bits(results[0], results[run]) && reports[0] == reports[run];
   EXPECT_TRUE(all_ranks(same));
 }
 
@@ -355,7 +350,7 @@ void expect_refusal(const Matrix& input,
   const auto message = collective_error(call);
   EXPECT_NE(message.find(phrase), std::string::npos)
       << "expected '" << phrase << "', got '" << message << "'";
-  EXPECT_TRUE(all_ranks(bitwise_equal(kshard::gather(input), before)));
+  EXPECT_TRUE(all_ranks(same_bits(kshard::gather(input), before)));
 }
 
 TEST(Repair, RefusalsChangeNothing) {
@@ -414,7 +409,7 @@ TEST(Repair, RefusalsChangeNothing) {
   EXPECT_FALSE(kshard::repair_embedding_rows(input, output, RepairConfig(false, 1e-4, 256)));
   EXPECT_EQ(kshard::comm_stats().collectives, 0);
   EXPECT_EQ(kshard::comm_stats().agreements, 1);
-  EXPECT_TRUE(all_ranks(bitwise_equal(kshard::gather(input), input_full)));
+  EXPECT_TRUE(all_ranks(same_bits(kshard::gather(input), input_full)));
   // Tied storage is fine for the mean direction.
   const auto report = kshard::repair_embedding_rows(
       input, input, RepairConfig(true, 1e-4, 256, RepairStrategy::mean_direction));
@@ -546,7 +541,7 @@ TEST(Repair, InstanceOverloadsMatchDefaultForms) {
     const auto want = kshard::repair_embedding_rows(by_default, output, config);
     const auto got = kshard::repair_embedding_rows(space, by_instance, output, config);
     same = same && want && got && fmt::format("{}", *want) == fmt::format("{}", *got) &&
-           bitwise_equal(kshard::gather(by_default), kshard::gather(by_instance));
+           same_bits(kshard::gather(by_default), kshard::gather(by_instance));
   }
   {
     auto by_default = make(grid, layout, input_full);
@@ -554,7 +549,7 @@ TEST(Repair, InstanceOverloadsMatchDefaultForms) {
     const auto want = kshard::repair_embedding_rows(by_default, mean);
     const auto got = kshard::repair_embedding_rows(space, by_instance, mean);
     same = same && want && got && fmt::format("{}", *want) == fmt::format("{}", *got) &&
-           bitwise_equal(kshard::gather(by_default), kshard::gather(by_instance));
+           same_bits(kshard::gather(by_default), kshard::gather(by_instance));
   }
   {
     const auto input = make(grid, layout, input_full);
@@ -562,7 +557,7 @@ TEST(Repair, InstanceOverloadsMatchDefaultForms) {
     const auto got = kshard::find_damaged_rows(space, input, config);
     same = same && want && got && fmt::format("{}", *want) == fmt::format("{}", *got) &&
            want->repaired_row_ids == got->repaired_row_ids &&
-           bitwise_equal(kshard::gather(input), input_full);
+           same_bits(kshard::gather(input), input_full);
   }
   EXPECT_TRUE(all_ranks(same));
 }

@@ -13,11 +13,13 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <random>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -160,6 +162,17 @@ kshard::HostMatrix<T> reference_matrix(index_t rows, index_t cols, std::uint64_t
   for (index_t r = 0; r < rows; ++r)
     for (index_t c = 0; c < cols; ++c) full(r, c) = static_cast<T>(value(rng));
   return full;
+}
+
+// Whether two rank-2 views (host or device, LayoutRight) have the same extents and the same
+// bytes: exact equality, NaN and -0 included.
+template <class A, class B>
+bool same_bits(const A& a, const B& b) {
+  static_assert(std::is_same_v<typename A::non_const_value_type, typename B::non_const_value_type>);
+  const auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+  const auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  return ha.extent(0) == hb.extent(0) && ha.extent(1) == hb.extent(1) &&
+         std::memcmp(ha.data(), hb.data(), ha.span() * sizeof(typename A::value_type)) == 0;
 }
 
 template <std::size_t... I, class F>

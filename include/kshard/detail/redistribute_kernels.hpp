@@ -302,16 +302,21 @@ void copy_shard(const ExecSpace& space, const View& dst, const View& src) {
   }
 }
 
+template <class T>
+struct DivideAll {
+  T* data;
+  T divisor;
+  KOKKOS_INLINE_FUNCTION void operator()(index_t i) const { data[i] = data[i] / divisor; }
+};
+
 // Divides every element of a contiguous buffer of `size` elements by `divisor` (the mean of a
 // Partial<avg>), on `space`.
 template <class ExecSpace, class T>
 void divide_all(const ExecSpace& space, T* data, index_t size, int divisor) {
   if (size == 0) return;
-  const T d = static_cast<T>(divisor);
-  Kokkos::parallel_for(
-      "kshard::redistribute::average",
-      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, size),
-      KOKKOS_LAMBDA(const index_t i) { data[i] = data[i] / d; });
+  Kokkos::parallel_for("kshard::redistribute::average",
+                       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, size),
+                       DivideAll<T>{data, static_cast<T>(divisor)});
 }
 
 }  // namespace kshard::detail

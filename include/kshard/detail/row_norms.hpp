@@ -377,7 +377,7 @@ inline RowKernel fastest_row_kernel() {
 }
 
 // One bf16, f16 or fp32 row on a host execution space with the given form (one this CPU runs); the
-// portable form in any device pass of a KOKKOS_LAMBDA, which never runs it.
+// portable form in any device pass of a kernel, which never runs it.
 template <class T>
 KOKKOS_INLINE_FUNCTION double row_squared_norm(RowKernel kernel, const T* row, index_t cols) {
 #if KSHARD_ROW_NORMS_X86 && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
@@ -388,6 +388,54 @@ KOKKOS_INLINE_FUNCTION double row_squared_norm(RowKernel kernel, const T* row, i
 #endif
   return row_squared_norm_portable(row, cols);
 }
+
+// row_sums on a host space: one work item per row adds its columns in order, into `Lanes`
+// interleaved accumulators.
+template <int Lanes, class Element, class Store>
+struct RowSumsPerItem {
+  Element element;
+  Store store;
+  index_t cols;
+  KOKKOS_INLINE_FUNCTION void operator()(index_t i) const {
+    if constexpr (Lanes == 8) {
+      double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+      index_t j = 0;
+      for (; j + 8 <= cols; j += 8) {
+        a0 += element(i, j);
+        a1 += element(i, j + 1);
+        a2 += element(i, j + 2);
+        a3 += element(i, j + 3);
+        a4 += element(i, j + 4);
+        a5 += element(i, j + 5);
+        a6 += element(i, j + 6);
+        a7 += element(i, j + 7);
+      }
+      for (; j < cols; ++j) a0 += element(i, j);
+      store(i, ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)));
+    } else {
+      double sum = 0;
+      for (index_t j = 0; j < cols; ++j) sum += element(i, j);
+      store(i, sum);
+    }
+  }
+};
+
+// row_sums on a device space: a team per row reduces its columns.
+template <class Element, class Store>
+struct RowSumsPerTeam {
+  Element element;
+  Store store;
+  index_t cols;
+  template <class Team>
+  KOKKOS_INLINE_FUNCTION void operator()(const Team& team) const {
+    const index_t i = team.league_rank();
+    double sum = 0;
+    Kokkos::parallel_reduce(
+        Kokkos::TeamThreadRange(team, cols),
+        [&](const index_t j, double& acc) { acc += element(i, j); }, sum);
+    Kokkos::single(Kokkos::PerTeam(team), [&] { store(i, sum); });
+  }
+};
 
 // For every row i in [0, rows): store(i, s) with s the fp64 sum over j in [0, cols) of
 // element(i, j). The host/device fork, written once: on host execution spaces one work item per
@@ -400,52 +448,48 @@ void row_sums(const ExecSpace& space, const char* label, index_t rows, index_t c
               const Element& element, const Store& store) {
   static_assert(Lanes == 1 || Lanes == 8, "kshard::detail::row_sums: 1 or 8 lanes");
   if (rows == 0) return;
-  if constexpr (is_host_space_v<ExecSpace>) {
-    // One lambda per lane count: nvcc's extended lambdas cannot first-capture a variable inside
-    // an if constexpr of their own body.
-    const Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>> policy(space, 0, rows);
-    if constexpr (Lanes == 8) {
-      Kokkos::parallel_for(
-          label, policy, KOKKOS_LAMBDA(const index_t i) {
-            double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
-            index_t j = 0;
-            for (; j + 8 <= cols; j += 8) {
-              a0 += element(i, j);
-              a1 += element(i, j + 1);
-              a2 += element(i, j + 2);
-              a3 += element(i, j + 3);
-              a4 += element(i, j + 4);
-              a5 += element(i, j + 5);
-              a6 += element(i, j + 6);
-              a7 += element(i, j + 7);
-            }
-            for (; j < cols; ++j) a0 += element(i, j);
-            store(i, ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)));
-          });
-    } else {
-      Kokkos::parallel_for(
-          label, policy, KOKKOS_LAMBDA(const index_t i) {
-            double sum = 0;
-            for (index_t j = 0; j < cols; ++j) sum += element(i, j);
-            store(i, sum);
-          });
-    }
-  } else {
-    using Policy = Kokkos::TeamPolicy<ExecSpace>;
+  if constexpr (is_host_space_v<ExecSpace>)
+    Kokkos::parallel_for(label,
+                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, rows),
+                         RowSumsPerItem<Lanes, Element, Store>{element, store, cols});
+  else
     Kokkos::parallel_for(
         label,
-        Policy(space, checked_int(rows, "row sums", "the number of rows (one team each)"),
-               Kokkos::AUTO),
-        KOKKOS_LAMBDA(const typename Policy::member_type& team) {
-          const index_t i = team.league_rank();
-          double sum = 0;
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(team, cols),
-              [&](const index_t j, double& acc) { acc += element(i, j); }, sum);
-          Kokkos::single(Kokkos::PerTeam(team), [&] { store(i, sum); });
-        });
-  }
+        Kokkos::TeamPolicy<ExecSpace>(
+            space, checked_int(rows, "row sums", "the number of rows (one team each)"),
+            Kokkos::AUTO),
+        RowSumsPerTeam<Element, Store>{element, store, cols});
 }
+
+// The squared elements of a strided row-major block, for row_sums.
+template <class T>
+struct SquaredElement {
+  const T* data;
+  index_t stride;
+  KOKKOS_INLINE_FUNCTION double operator()(index_t i, index_t j) const {
+    return squared(data[i * stride + j]);
+  }
+};
+
+// out(i) = sum, for row_sums.
+template <class Out>
+struct StoreSum {
+  Out out;
+  KOKKOS_INLINE_FUNCTION void operator()(index_t i, double sum) const { out(i) = sum; }
+};
+
+// out(i) = the squared norm of row i of a strided row-major block, by the given host form.
+template <class T, class Out>
+struct HostRowSquaredNorms {
+  RowKernel kernel;
+  const T* data;
+  index_t stride;
+  index_t cols;
+  Out out;
+  KOKKOS_INLINE_FUNCTION void operator()(index_t i) const {
+    out(i) = row_squared_norm(kernel, data + i * stride, cols);
+  }
+};
 
 // Squared norms of the local parts of the local rows (no communication). On the host, bf16, f16
 // and fp32 rows take the fastest row_squared_norm this CPU runs; fp64 ones eight fp64 accumulators
@@ -458,20 +502,14 @@ void local_row_squared_norms(const ExecSpace& space, const View& local, const Ou
   const auto stride = static_cast<index_t>(local.stride(0));
   using T = typename View::non_const_value_type;
   if constexpr (is_host_space_v<ExecSpace> &&
-                (std::is_same_v<T, bf16> || std::is_same_v<T, f16> || std::is_same_v<T, float>)) {
-    const RowKernel kernel = fastest_row_kernel();
+                (std::is_same_v<T, bf16> || std::is_same_v<T, f16> || std::is_same_v<T, float>))
     Kokkos::parallel_for(
         "kshard::row_norms",
         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>(space, 0, rows),
-        KOKKOS_LAMBDA(const index_t i) {
-          out(i) = row_squared_norm(kernel, data + i * stride, cols);
-        });
-  } else {
-    row_sums<8>(
-        space, "kshard::row_norms", rows, cols,
-        KOKKOS_LAMBDA(const index_t i, const index_t j) { return squared(data[i * stride + j]); },
-        KOKKOS_LAMBDA(const index_t i, const double sum) { out(i) = sum; });
-  }
+        HostRowSquaredNorms<T, Out>{fastest_row_kernel(), data, stride, cols, out});
+  else
+    row_sums<8>(space, "kshard::row_norms", rows, cols, SquaredElement<T>{data, stride},
+                StoreSum<Out>{out});
 }
 
 }  // namespace kshard::detail

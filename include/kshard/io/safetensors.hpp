@@ -342,11 +342,14 @@ void read_blocks(const ExecSpace& space, const SafetensorsFile& file, const Tens
 
 // The layout of N mesh dimensions that splits rows over all of them: whole-row blocks, one
 // contiguous stretch of a row-major tensor per rank.
-template <class Index>
-using row_block_placement_t = Shard<0>;
+// (A class template, not an alias that ignores its parameter: nvcc 13 loses such an alias in a
+// pack expansion.)
+template <std::size_t Dim>
+struct row_block_placement {
+  using type = Shard<0>;
+};
 template <std::size_t... M>
-Layout<row_block_placement_t<std::integral_constant<std::size_t, M>>...> row_blocks_layout(
-    std::index_sequence<M...>);
+Layout<typename row_block_placement<M>::type...> row_blocks_layout(std::index_sequence<M...>);
 template <std::size_t N>
 using row_blocks_t = decltype(row_blocks_layout(std::make_index_sequence<N>{}));
 
