@@ -54,8 +54,12 @@ watchdog measurement.
   0.55-1.07x; at 2 ranks three transitions (Shard<0> -> Replicate 1.07, Shard<0> -> Shard<1>
   1.06, the FSDP unshard 1.05) miss 1.05 in this run, by 50-80 ns on a move of 1.2 us. They are
   not this session's: the benchmark built from the previous report's commit measures the same
-  1.05-1.07 on this machine today (1.02-1.04 in earlier sessions). Planning once saves
-  1.9-16x at 64 x 64 (`redistribute_into` plans on every call).
+  1.05-1.07 on this machine today (1.02-1.04 in earlier sessions); on a 2-core Intel Xeon
+  guest the same three measure 1.00-1.04 (moves of 2.5-3 us). There, Shard<0> -> Shard<1> at
+  65536 x 1024 on 2 ranks measured 1.09: its pack and kept copy are 2 KiB runs (a row's half),
+  and a call to memcpy per run took 1.17x as long as the bare version's inline vector loop. Runs
+  under 4 KiB are now copied by kshard's own loop where the build has AVX2 (`copy_run`):
+  1.00-1.02. Planning once saves 1.9-16x at 64 x 64 (`redistribute_into` plans on every call).
 - **Scaling of detection** with ranks follows the memory system, so the target is 0.9x of the
   speed-up of the STREAM-like read of the same bytes, timed in the same runs (the roofline
   kernel's bf16 form is bound by widening, so it scales with cores where the memory does not).

@@ -2,7 +2,7 @@
 
 // The MPI backend of kshard's communication layer: the data collectives of comm::Group on
 // Kokkos views. MPI is ordered with the host, not with a stream, so each collective first
-// fences the instance that wrote its buffers (that instance only), and goes through a host
+// fences the instance that wrote its buffers (that instance only, once), and goes through a host
 // copy when MPI cannot read the views' memory (detail/staging.hpp). A backend is one struct
 // with these static functions and a `Handle` made from the group's MPI communicator; CMake's
 // KSHARD_COMM_BACKEND picks the header (docs/design.md, section 11).
@@ -50,10 +50,8 @@ struct MpiBackend {
   static void allreduce(Handle comm, const ExecSpace& space, const Send& send, const Recv& recv,
                         ReduceOp op) {
     const int count = element_count(send);
-    detail::with_mpi_access(space, send, true, false, [&](const auto* s) {
-      detail::with_mpi_access(space, recv, false, true, [&](auto* r) {
-        detail::allreduce(s, r, count, native_op(op), comm);
-      });
+    detail::with_mpi_access(space, send, recv, [&](const auto* s, auto* r) {
+      detail::allreduce(s, r, count, native_op(op), comm);
     });
   }
 
@@ -69,10 +67,8 @@ struct MpiBackend {
   static void allgatherv(Handle comm, const ExecSpace& space, const Send& send, const Recv& recv,
                          const int* counts, const int* displs) {
     const int count = element_count(send);
-    detail::with_mpi_access(space, send, true, false, [&](const auto* s) {
-      detail::with_mpi_access(space, recv, false, true, [&](auto* r) {
-        detail::allgatherv(s, count, r, counts, displs, comm);
-      });
+    detail::with_mpi_access(space, send, recv, [&](const auto* s, auto* r) {
+      detail::allgatherv(s, count, r, counts, displs, comm);
     });
   }
 
@@ -80,20 +76,16 @@ struct MpiBackend {
   static void alltoallv(Handle comm, const ExecSpace& space, const Send& send,
                         const int* send_counts, const int* send_displs, const Recv& recv,
                         const int* recv_counts, const int* recv_displs) {
-    detail::with_mpi_access(space, send, true, false, [&](const auto* s) {
-      detail::with_mpi_access(space, recv, false, true, [&](auto* r) {
-        detail::alltoallv(s, send_counts, send_displs, r, recv_counts, recv_displs, comm);
-      });
+    detail::with_mpi_access(space, send, recv, [&](const auto* s, auto* r) {
+      detail::alltoallv(s, send_counts, send_displs, r, recv_counts, recv_displs, comm);
     });
   }
 
   template <class ExecSpace, class Send, class Recv>
   static void reduce_scatter(Handle comm, const ExecSpace& space, const Send& send,
                              const Recv& recv, const int* recv_counts, ReduceOp op) {
-    detail::with_mpi_access(space, send, true, false, [&](const auto* s) {
-      detail::with_mpi_access(space, recv, false, true, [&](auto* r) {
-        detail::reduce_scatter(s, r, recv_counts, native_op(op), comm);
-      });
+    detail::with_mpi_access(space, send, recv, [&](const auto* s, auto* r) {
+      detail::reduce_scatter(s, r, recv_counts, native_op(op), comm);
     });
   }
 

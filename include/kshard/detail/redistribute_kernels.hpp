@@ -189,11 +189,30 @@ struct DeviceMoves {
 };
 
 // out[0, count) = src[0, count), the two not overlapping: said to the compiler, which then
-// copies without checking for overlap first (1.1-1.2x faster on large runs).
+// copies without checking for overlap first (1.1-1.2x faster on large runs): on the host, a call
+// to memcpy.
 template <class T>
-KOKKOS_INLINE_FUNCTION void copy_run(T* KOKKOS_RESTRICT out, const T* KOKKOS_RESTRICT src,
-                                     const index_t count) {
+KOKKOS_INLINE_FUNCTION void copy_long_run(T* KOKKOS_RESTRICT out, const T* KOKKOS_RESTRICT src,
+                                          const index_t count) {
   for (index_t j = 0; j < count; ++j) out[j] = src[j];
+}
+
+// Below this many bytes, a host build with AVX2 or wider vectors copies a run with its own
+// vector loop: a call to memcpy per 2 KiB run took 1.17x as long as the loop on a Xeon (the rows
+// of a Shard<0> -> Shard<1> pack, 65536 x 1024 fp32 on 2 ranks). Built for SSE2 only, the loop
+// is slower than memcpy at every length (glibc chooses its AVX form at run time).
+inline constexpr std::size_t short_run_bytes = 4096;
+
+// out[0, count) = src[0, count), the two not overlapping.
+template <class T>
+KOKKOS_INLINE_FUNCTION void copy_run(T* out, const T* src, const index_t count) {
+#if defined(__AVX2__)
+  if (static_cast<std::size_t>(count) * sizeof(T) < short_run_bytes) {
+    for (index_t j = 0; j < count; ++j) out[j] = src[j];
+    return;
+  }
+#endif
+  copy_long_run(out, src, count);
 }
 
 // dst[m.to + j] = (m.source == 0 ? src0 : src1)[m.from + j] for every run m. On host spaces one

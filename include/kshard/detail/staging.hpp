@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
+#include <utility>
 
 #include "kshard/comm_stats.hpp"
 #include "kshard/detail/host_copy.hpp"
@@ -50,12 +51,12 @@ inline bool& force_host_staging() {
 }
 
 // Calls `use(pointer)` with memory MPI may access holding `view`'s elements (contiguous views
-// only), after `space` (the instance that wrote it) finished writing it. `read`: the contents must
-// be there before; `write`: what `use` writes must end in `view`. Staged bytes (both directions)
-// are counted in comm_stats().bytes_staged.
+// only); `space` has finished writing `view`. `read`: the contents must be there before;
+// `write`: what `use` writes must end in `view`. Staged bytes (both directions) are counted in
+// comm_stats().bytes_staged.
 template <class ExecSpace, class View, class Use>
-void with_mpi_access(const ExecSpace& space, const View& view, bool read, bool write, Use&& use) {
-  fence(space, "kshard: before MPI reads or writes a view");
+void access_after_fence(const ExecSpace& space, const View& view, bool read, bool write,
+                        Use&& use) {
   using Memory = typename View::memory_space;
   constexpr bool host_memory = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Memory>::accessible;
   if ((host_memory && !force_host_staging()) || (!host_memory && gpu_aware_mpi())) {
@@ -77,6 +78,25 @@ void with_mpi_access(const ExecSpace& space, const View& view, bool read, bool w
     fence(space, "kshard: unstaged a view MPI wrote");  // `host` is freed on return
     comm_stats().bytes_staged += bytes;
   }
+}
+
+inline constexpr const char* before_mpi_fence = "kshard: before MPI reads or writes a view";
+
+// `access_after_fence` after fencing `space`, the instance that wrote `view`.
+template <class ExecSpace, class View, class Use>
+void with_mpi_access(const ExecSpace& space, const View& view, bool read, bool write, Use&& use) {
+  fence(space, before_mpi_fence);
+  access_after_fence(space, view, read, write, std::forward<Use>(use));
+}
+
+// Calls `use(send_pointer, recv_pointer)` for a collective that reads `send` and writes `recv`,
+// after one fence of `space` (the instance that wrote both).
+template <class ExecSpace, class Send, class Recv, class Use>
+void with_mpi_access(const ExecSpace& space, const Send& send, const Recv& recv, Use&& use) {
+  fence(space, before_mpi_fence);
+  access_after_fence(space, send, true, false, [&](const auto* s) {
+    access_after_fence(space, recv, false, true, [&](auto* r) { use(s, r); });
+  });
 }
 
 }  // namespace kshard::detail
