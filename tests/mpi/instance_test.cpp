@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kshard/detail/staging.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/redistribute.hpp"
 #include "kshard/repair.hpp"
@@ -183,6 +184,48 @@ TEST(Instance, LookupAndRepairFenceNothingGlobally) {
   const auto report = kshard::repair_embedding_rows(space, table, config);
   EXPECT_TRUE(all_ranks(report && report->repaired_row_ids == std::vector<index_t>{5}));
   EXPECT_TRUE(all_ranks(GlobalFences::names().empty())) << GlobalFences::list();
+}
+
+// The instance fences of one collective that reads one view and writes another, counted by name.
+class CollectiveFences {
+ public:
+  CollectiveFences() {
+    count() = 0;
+    Kokkos::Tools::Experimental::set_begin_fence_callback(
+        [](const char* name, std::uint32_t, std::uint64_t* handle) {
+          *handle = 0;
+          if (std::string_view(name) == kshard::detail::before_mpi_fence) ++count();
+        });
+  }
+  ~CollectiveFences() { Kokkos::Tools::Experimental::set_begin_fence_callback(nullptr); }
+  CollectiveFences(const CollectiveFences&) = delete;
+  CollectiveFences& operator=(const CollectiveFences&) = delete;
+  static int& count() {
+    static int fences = 0;
+    return fences;
+  }
+};
+
+// A GPU fence is a stream synchronisation: one per collective, not one per view.
+TEST(Instance, ACollectiveFencesItsInstanceOnce) {
+  const kshard::Mesh<2> mesh = kshard::test::dp_tp_mesh();
+  const auto space = other_instance();
+  const int n = world_size();
+  const Kokkos::View<double*, MemSpace> send("send", n);
+  const Kokkos::View<double*, MemSpace> recv("recv", n);
+  Kokkos::deep_copy(space, send, 1.0);
+  const std::vector<int> counts(n, 1);
+  std::vector<int> displs(n);
+  for (int r = 0; r < n; ++r) displs[r] = r;
+  const CollectiveFences counted;
+  mesh.group().allreduce(space, send, recv, kshard::ReduceOp::sum);
+  const int after_allreduce = CollectiveFences::count();
+  mesh.group().alltoallv(space, send, counts.data(), displs.data(), recv, counts.data(),
+                         displs.data());
+  const int after_alltoallv = CollectiveFences::count();
+  const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), recv);
+  EXPECT_TRUE(all_ranks(after_allreduce == 1 && after_alltoallv == 2 && host(0) == 1.0))
+      << after_allreduce << " fences after the allreduce, " << after_alltoallv << " after both";
 }
 #endif
 
