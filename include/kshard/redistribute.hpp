@@ -321,7 +321,7 @@ Stage<T, S> compile_step(const Space& space, const Mesh<N>& mesh, const Step<N>&
 }
 
 // Runs one compiled stage on `space`, from `in` to `out`: kernels on the instance, MPI only on
-// buffers that instance finished writing (with_mpi_access fences it).
+// buffers that instance finished writing (with_mpi_access orders MPI after it).
 template <class Space, class T, class S>
 void run_stage(const Space& space, const Stage<T, S>& stage, const ShardView<T, S>& in,
                const ShardView<T, S>& out) {

@@ -35,20 +35,12 @@ using kshard::Shard;
 using kshard::StridedShard;
 using kshard::test::all_ranks;
 using kshard::test::ExecSpace;
+using kshard::test::ForcedStaging;
 using kshard::test::MemSpace;
 using kshard::test::reference_matrix;
 using kshard::test::world_size;
 
 constexpr bool host_memory = Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible;
-
-// Forces staging for its lifetime, even if the body throws.
-class ForcedStaging {
- public:
-  ForcedStaging() { kshard::detail::force_host_staging() = true; }
-  ~ForcedStaging() { kshard::detail::force_host_staging() = false; }
-  ForcedStaging(const ForcedStaging&) = delete;
-  ForcedStaging& operator=(const ForcedStaging&) = delete;
-};
 
 template <class V>
 std::vector<unsigned char> bytes_of(const V& view) {

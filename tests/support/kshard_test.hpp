@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "kshard/detail/staging.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/error.hpp"
 #include "kshard/mesh.hpp"
@@ -151,6 +152,16 @@ P make_placement(std::mt19937_64& rng) {
   else
     return P{};
 }
+
+// Forces staging through host buffers for its lifetime, even if the body throws: a host build
+// then runs the path a GPU takes with an MPI that cannot read device memory.
+class ForcedStaging {
+ public:
+  ForcedStaging() { kshard::detail::force_host_staging() = true; }
+  ~ForcedStaging() { kshard::detail::force_host_staging() = false; }
+  ForcedStaging(const ForcedStaging&) = delete;
+  ForcedStaging& operator=(const ForcedStaging&) = delete;
+};
 
 // A full matrix with a distinct, rank-independent value in every element.
 template <class T>

@@ -2,10 +2,10 @@
 
 // The MPI backend of kshard's communication layer: the data collectives of comm::Group on
 // Kokkos views. MPI is ordered with the host, not with a stream, so each collective first
-// fences the instance that wrote its buffers (that instance only, once), and goes through a host
-// copy when MPI cannot read the views' memory (detail/staging.hpp). A backend is one struct
-// with these static functions and a `Handle` made from the group's MPI communicator; CMake's
-// KSHARD_COMM_BACKEND picks the header (docs/design.md, section 11).
+// fences the instance that wrote its buffers (that instance only, once), or goes through host
+// copies made on that instance when MPI cannot read the views' memory (detail/staging.hpp). A
+// backend is one struct with these static functions and a `Handle` made from the group's MPI
+// communicator; CMake's KSHARD_COMM_BACKEND picks the header (docs/design.md, section 11).
 
 #include <Kokkos_Core.hpp>
 

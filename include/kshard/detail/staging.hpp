@@ -1,7 +1,8 @@
 #pragma once
 
-// Hands Kokkos views to MPI: fence the execution space first, and go through a host copy
-// ("staging") when MPI cannot read the view's memory directly.
+// Hands Kokkos views to MPI: directly after fencing the execution space that wrote them, or
+// through a host copy ("staging") when MPI cannot read the view's memory. The staging copies run
+// on that instance, after its work, so staging needs no fence before them.
 
 #include <Kokkos_Core.hpp>
 
@@ -50,16 +51,22 @@ inline bool& force_host_staging() {
   return force;
 }
 
-// Calls `use(pointer)` with memory MPI may access holding `view`'s elements (contiguous views
-// only); `space` has finished writing `view`. `read`: the contents must be there before;
-// `write`: what `use` writes must end in `view`. Staged bytes (both directions) are counted in
-// comm_stats().bytes_staged.
-template <class ExecSpace, class View, class Use>
-void access_after_fence(const ExecSpace& space, const View& view, bool read, bool write,
-                        Use&& use) {
+// Whether MPI is handed the memory of a `View` itself (host memory, or device memory with a
+// GPU-aware MPI) rather than a host copy of it.
+template <class View>
+bool mpi_uses_view_memory() {
   using Memory = typename View::memory_space;
   constexpr bool host_memory = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Memory>::accessible;
-  if ((host_memory && !force_host_staging()) || (!host_memory && gpu_aware_mpi())) {
+  return host_memory ? !force_host_staging() : gpu_aware_mpi();
+}
+
+// Calls `use(pointer)` with memory MPI may access holding `view`'s elements (contiguous views
+// only); `space` wrote `view` and, where MPI uses the view's own memory, has been fenced.
+// `read`: the contents must be there before; `write`: what `use` writes must end in `view`.
+// Staged bytes (both directions) are counted in comm_stats().bytes_staged.
+template <class ExecSpace, class View, class Use>
+void hand_to_mpi(const ExecSpace& space, const View& view, bool read, bool write, Use&& use) {
+  if (mpi_uses_view_memory<View>()) {
     use(view.data());
     return;
   }
@@ -82,20 +89,20 @@ void access_after_fence(const ExecSpace& space, const View& view, bool read, boo
 
 inline constexpr const char* before_mpi_fence = "kshard: before MPI reads or writes a view";
 
-// `access_after_fence` after fencing `space`, the instance that wrote `view`.
+// `hand_to_mpi` for a view that `space` wrote.
 template <class ExecSpace, class View, class Use>
 void with_mpi_access(const ExecSpace& space, const View& view, bool read, bool write, Use&& use) {
-  fence(space, before_mpi_fence);
-  access_after_fence(space, view, read, write, std::forward<Use>(use));
+  if (mpi_uses_view_memory<View>()) fence(space, before_mpi_fence);
+  hand_to_mpi(space, view, read, write, std::forward<Use>(use));
 }
 
 // Calls `use(send_pointer, recv_pointer)` for a collective that reads `send` and writes `recv`,
-// after one fence of `space` (the instance that wrote both).
+// both written by `space`, which is fenced at most once.
 template <class ExecSpace, class Send, class Recv, class Use>
 void with_mpi_access(const ExecSpace& space, const Send& send, const Recv& recv, Use&& use) {
-  fence(space, before_mpi_fence);
-  access_after_fence(space, send, true, false, [&](const auto* s) {
-    access_after_fence(space, recv, false, true, [&](auto* r) { use(s, r); });
+  if (mpi_uses_view_memory<Send>() || mpi_uses_view_memory<Recv>()) fence(space, before_mpi_fence);
+  hand_to_mpi(space, send, true, false, [&](const auto* s) {
+    hand_to_mpi(space, recv, false, true, [&](auto* r) { use(s, r); });
   });
 }
 
