@@ -16,6 +16,8 @@
 
 #include <fmt/format.h>
 
+#include "kshard/detail/agreement.hpp"
+#include "kshard/detail/operation.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/error.hpp"
@@ -74,9 +76,11 @@ constexpr bias_layout_t<Layout<Ps...>> bias_layout(const Layout<Ps...>& weight_l
 /// host-readable view of the weight's element type) present on every rank: an `out x 1`
 /// `DistMatrix` on the weight's mesh with layout `bias_layout(weight.layout())`, each rank
 /// holding its own rows. The linear layers take it (or a zero matrix of the same type, shape
-/// and layout) as their bias or bias gradient. Collective as `distribute` (which copies on
-/// `space` and fences it); `full` without one element per weight row is then the same
-/// `kshard::error` on every rank.
+/// and layout) as their bias or bias gradient. Collective: one fixed-size agreement on the
+/// weight (element type, shape, layout, mesh) and the length of `full`, then `distribute`
+/// (which copies on `space` and fences it); another weight or `full` on some ranks, or `full`
+/// without one element per weight row, is the same `kshard::error` on every rank, before
+/// anything is built.
 template <class ExecSpace, ValuedMatrix W, class HostVector>
 requires detail::ExecutionSpaceFor<ExecSpace, W> bias_matrix_t<W, ExecSpace> distribute_bias(
     const ExecSpace& space, const W& weight, const HostVector& full,
@@ -88,17 +92,22 @@ requires detail::ExecutionSpaceFor<ExecSpace, W> bias_matrix_t<W, ExecSpace> dis
                                                typename HostVector::memory_space>::accessible,
                 "kshard::distribute_bias: full must be a rank-1 host view of the weight's "
                 "element type");
+  const detail::Operation operation("distribute_bias");
+  const auto elements = static_cast<index_t>(full.extent(0));
+  detail::Agreement agreement(weight.mesh().group());
+  detail::same_matrix(agreement, weight, "the weight");
+  agreement.same("the number of elements of the bias", elements);
+  if (elements != weight.rows())
+    agreement.problem(fmt::format(
+        "kshard::distribute_bias: the bias has {} elements but the weight is {} x {}: it needs "
+        "one per output feature ({})",
+        elements, weight.rows(), weight.cols(), weight.rows()));
+  agreement.settle();
   HostMatrix<T> column(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::distribute_bias"),
                        full.extent(0), 1);
   for (std::size_t i = 0; i < full.extent(0); ++i) column(i, 0) = full(i);
-  auto bias = distribute<ExecSpace, typename W::memory_space>(
+  return distribute<ExecSpace, typename W::memory_space>(
       space, weight.mesh(), bias_layout(weight.layout()), column, label);
-  if (bias.rows() != weight.rows())  // agreed by distribute: the same outcome on every rank
-    throw error(fmt::format(
-        "kshard::distribute_bias: the bias has {} elements but the weight is {} x {}: it needs "
-        "one per output feature ({})",
-        bias.rows(), weight.rows(), weight.cols(), weight.rows()));
-  return bias;
 }
 
 /// `distribute_bias(space, weight, full, label)` on a default instance of the weight's

@@ -130,6 +130,7 @@ class DistMatrix {
     const detail::Operation operation("DistMatrix");
     detail::Agreement agreement(mesh.group());
     detail::same_shape_and_layout<T>(agreement, rows, cols, layout_, "the matrix");
+    detail::same_mesh(agreement, "the mesh of the matrix", mesh);
     agreement.problem(validate(rows, cols, wrapped)).settle();
     mapping_ = map_layout(layout_.actions(), mesh_.shape(), mesh_.coords(), rows, cols);
     if (wrapped) {
@@ -163,30 +164,33 @@ class DistMatrix {
                                       const std::optional<view_type>& wrapped) const {
     const auto actions = layout_.actions();
     if (rows < 0 || cols < 0)
-      return fmt::format("kshard: DistMatrix extents must be >= 0, got {} x {}", rows, cols);
+      return fmt::format("kshard::{}: DistMatrix extents must be >= 0, got {} x {}",
+                         detail::operation_name(), rows, cols);
     for (std::size_t m = 0; m < mesh_rank; ++m)
       if (actions[m].split_factor < 1)
         return fmt::format(
-            "kshard: StridedShard on mesh dimension {} ('{}') has split factor {}; it must be "
+            "kshard::{}: StridedShard on mesh dimension {} ('{}') has split factor {}; it must be "
             ">= 1",
-            m, mesh_.names()[m], actions[m].split_factor);
+            detail::operation_name(), m, mesh_.names()[m], actions[m].split_factor);
     const mapping_type mine = map_layout(actions, mesh_.shape(), mesh_.coords(), rows, cols);
     const index_t local_rows = mine.rows.local_extent();
     const index_t local_cols = mine.cols.local_extent();
     if (!detail::fits_in_bytes<T>(local_rows, local_cols))
       return fmt::format(
-          "kshard: the {} x {} shard of the {} x {} DistMatrix on rank {} needs {} x {} elements "
+          "kshard::{}: the {} x {} shard of the {} x {} DistMatrix on rank {} needs {} x {} "
+          "elements "
           "of {} bytes, more than the limit of {} bytes",
-          local_rows, local_cols, rows, cols, mesh_.my_rank(), local_rows, local_cols, sizeof(T),
-          std::numeric_limits<index_t>::max());
+          detail::operation_name(), local_rows, local_cols, rows, cols, mesh_.my_rank(), local_rows,
+          local_cols, sizeof(T), std::numeric_limits<index_t>::max());
     if (wrapped) {
       const auto got_rows = static_cast<index_t>(wrapped->extent(0));
       const auto got_cols = static_cast<index_t>(wrapped->extent(1));
       if (got_rows != local_rows || got_cols != local_cols)
         return fmt::format(
-            "kshard: wrapped local view on rank {} is {} x {}, but the layout gives this rank "
+            "kshard::{}: wrapped local view on rank {} is {} x {}, but the layout gives this rank "
             "a {} x {} shard of the {} x {} matrix",
-            mesh_.my_rank(), got_rows, got_cols, local_rows, local_cols, rows, cols);
+            detail::operation_name(), mesh_.my_rank(), got_rows, got_cols, local_rows, local_cols,
+            rows, cols);
     }
     return std::nullopt;
   }

@@ -244,12 +244,13 @@ TouchedRows<MemSpace> touched_rows(const ExecSpace& space, const Rows& rows, con
 /// bit-for-bit scaling after it.
 ///
 /// Ids outside [0, V) and a wrongly shaped `out` are checked with two reductions over `ids`
-/// (range and a digest); the number of ids and their digest are agreed within the tp group
-/// (ranks of different dp groups may look up different ids), then the table, `tp_dim` and every
-/// rank's findings over the whole mesh: every rank throws the same `kshard::error` naming the
-/// value, before anything is communicated or written. Communication: those two fixed-size
-/// agreements (one when the tp dimension has extent 1) plus the all-reduce. Use this form in a
-/// training loop to reuse one output buffer.
+/// (range and a digest). First the table (its layout and mesh choose the tp group), `tp_dim`
+/// and every rank's findings are agreed over the whole mesh, then the number of ids, their
+/// digest and `scale` within the tp group (ranks of different dp groups may look up different
+/// ids): every rank throws the same `kshard::error` naming the value, before anything is
+/// communicated or written. Communication: one fixed-size agreement where the tp group is the
+/// whole mesh or a single rank, else three (the mesh's, the group's, the mesh's on its
+/// outcome), plus the all-reduce. Use this form in a training loop to reuse one output buffer.
 template <class ExecSpace, ValuedMatrix M, class IdView, detail::KokkosView OutView>
 requires detail::ExecutionSpaceFor<ExecSpace, M>
 void vocab_parallel_lookup(const ExecSpace& space, const M& table, const IdView& ids,
@@ -281,8 +282,9 @@ void vocab_parallel_lookup(const ExecSpace& space, const M& table, const IdView&
     problem = detail::int_limit_problem(n, who, "the number of ids in one call");
   if (!problem) problem = detail::ids_problem(summary, table.rows(), who);
   if (!problem) problem = detail::tp_dim_problem(table, tp_dim, 0, who, "table");
-  const auto group =
-      detail::agree_in_tp_group(table.mesh(), detail::splitting_dim<L>(), problem, [&](auto& a) {
+  detail::agree_tp_call(
+      table, "the table", tp_dim, problem, [](detail::Agreement&) {},
+      [&](detail::Agreement& a) {
         a.same("the number of token ids", n)
             .same("the list of token ids", summary.digest,
                   [](auto) {
@@ -291,7 +293,6 @@ void vocab_parallel_lookup(const ExecSpace& space, const M& table, const IdView&
             .same("the scale", std::bit_cast<std::int64_t>(scale),
                   [](std::int64_t bits) { return fmt::format("{}", std::bit_cast<double>(bits)); });
       });
-  detail::tp_agreement(table, "the table", tp_dim).problem(group).problem(problem).settle();
 
   // One team per id: the id is mapped once, then its row is copied by the team's threads along
   // the contiguous columns (a plain vectorisable row copy on the host, coalesced on a GPU).

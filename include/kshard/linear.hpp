@@ -90,7 +90,7 @@ std::optional<std::string> bias_matrix_problem(const W& weight, const B& bias, c
           "kshard::{}: {} has layout {} but the weight's layout {} needs {}: the bias must be "
           "split like the weight's rows",
           who, what, bias.layout(), weight.layout(), want);
-    if (!same_mesh(bias.mesh(), weight.mesh()))
+    if (!on_same_ranks_alike(bias.mesh(), weight.mesh()))
       return fmt::format("kshard::{}: {} is on {} but the weight is on {}, not the same mesh", who,
                          what, bias.mesh(), weight.mesh());
     return std::nullopt;
@@ -175,15 +175,12 @@ tp_matrix_view_t<W> row_forward(const ExecSpace& space, const W& weight, const X
         "output feature ({})",
         who, *bias_size, weight.rows(), weight.cols(), weight.rows());
   if (!problem) problem = tp_dim_problem(weight, tp_dim, 1, who, "weight");
-  const auto group = agree_in_tp_group(
-      weight.mesh(), splitting_dim<typename W::layout_type>(), problem, [&](Agreement& a) {
+  agree_tp_call(
+      weight, "the weight", tp_dim, problem,
+      [&](Agreement& a) { a.same("whether a bias is given", !is_no_bias_v<B>); },
+      [&](Agreement& a) {
         a.same("the number of rows of x_local (tokens)", static_cast<index_t>(x_local.extent(0)));
       });
-  tp_agreement(weight, "the weight", tp_dim)
-      .same("whether a bias is given", !is_no_bias_v<B>)
-      .problem(group)
-      .problem(problem)
-      .settle();
   auto y = layer_result<W>("kshard::row_parallel_y", x_local.extent(0), weight.rows());
   gemm_nt(space, x_local, weight.local(), y, false);
   sum_over_tp(space, weight.mesh(), tp_dim, y);
@@ -301,16 +298,13 @@ tp_matrix_view_t<W> column_backward(const ExecSpace& space, const W& weight, con
         who, weight.mesh().my_rank(), *bias_size, shape_of(weight.local()), out_local);
   if (!problem) problem = tp_dim_problem(weight, tp_dim, 0, who, "weight");
   if (!problem) problem = placement_problem(weight, grad_weight, who, "grad_weight");
-  const auto group = agree_in_tp_group(
-      weight.mesh(), splitting_dim<typename W::layout_type>(), problem, [&](Agreement& a) {
+  // grad_weight is checked against the agreed weight on each rank (placement_problem).
+  agree_tp_call(
+      weight, "the weight", tp_dim, problem,
+      [&](Agreement& a) { a.same("whether grad_bias_local is given", !is_no_bias_v<GB>); },
+      [&](Agreement& a) {
         a.same("the number of rows of x (tokens)", static_cast<index_t>(x.extent(0)));
       });
-  // grad_weight is checked against the agreed weight on each rank (placement_problem).
-  tp_agreement(weight, "the weight", tp_dim)
-      .same("whether grad_bias_local is given", !is_no_bias_v<GB>)
-      .problem(group)
-      .problem(problem)
-      .settle();
   auto grad_x = layer_result<W>("kshard::column_parallel_grad_x", x.extent(0), weight.cols());
   gemm_nn(space, grad_y_local, weight.local(), grad_x, false);
   gemm_tn(space, grad_y_local, x, grad_weight.local(), true);
@@ -335,11 +329,12 @@ tp_matrix_view_t<W> column_backward(const ExecSpace& space, const W& weight, con
 /// rank's input features, in the order of `weight.mapping().cols` (the output of a
 /// column-parallel layer whose weight rows are split the same way, for example). `bias` is the
 /// replicated `[out]` bias (a view, or the `out x 1` DistMatrix of `kshard::distribute_bias`),
-/// added once, after the reduction, or `kshard::no_bias`. An agreement
-/// within the tp group on N, then one over the mesh on the weight, `tp_dim`, the bias's presence
-/// and the shapes (a wrong or differing value on any rank is the same `kshard::error`
-/// everywhere), then one all-reduce of N x out elements over `mesh.dim_comm(tp_dim)` (none when
-/// that dimension has extent 1).
+/// added once, after the reduction, or `kshard::no_bias`. One agreement over the mesh on the
+/// weight (its layout and mesh choose the tp group), `tp_dim`, the bias's presence and every
+/// rank's shapes, then on N within the tp group (in the same agreement where the tp group is
+/// the whole mesh, else in two more: the group's, then the mesh's on its outcome), so a wrong or
+/// differing value on any rank is the same `kshard::error` everywhere; then one all-reduce of
+/// N x out elements over `mesh.dim_comm(tp_dim)` (none when that dimension has extent 1).
 template <class ExecSpace, ValuedMatrix W, class X, detail::BiasArgument B>
 requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W> row_parallel_linear(
     const ExecSpace& space, const W& weight, const X& x_local, const B& bias, std::size_t tp_dim) {
@@ -459,10 +454,11 @@ detail::tp_matrix_view_t<W> column_parallel_linear(const W& weight, const X& x,
 /// `weight`, on the same mesh) and the column sums of `grad_y_local` to `grad_bias_local`
 /// `[out_local]` (or to the local rows of a bias DistMatrix laid out like `distribute_bias`'s;
 /// unless it is `kshard::no_bias`). Runs on `space` (fenced before the
-/// all-reduce). An agreement within the tp group on N, then one over the mesh on the weight,
-/// the gradient matrix, `tp_dim` and the shapes (the same `kshard::error` on every rank, before
-/// anything is written), then one all-reduce of N x in elements over `mesh.dim_comm(tp_dim)`
-/// (none when that dimension has extent 1).
+/// all-reduce). One agreement over the mesh on the weight (its layout and mesh choose the tp
+/// group), the gradient matrix, `tp_dim` and every rank's shapes, then on N within the tp group
+/// (in the same agreement where the tp group is the whole mesh, else in two more), so every rank
+/// throws the same `kshard::error` before anything is written; then one all-reduce of N x in
+/// elements over `mesh.dim_comm(tp_dim)` (none when that dimension has extent 1).
 template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY,
           detail::BiasArgument GB>
 requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W>

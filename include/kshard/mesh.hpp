@@ -188,6 +188,7 @@ class Mesh {
 
   /// Index of the dimension called `name`; throws `kshard::error` when there is none.
   [[nodiscard]] std::size_t dim(std::string_view name) const {
+    const detail::Operation operation("Mesh::dim");
     std::optional<std::string> problem;
     const std::size_t m = resolve(name, problem);
     if (problem) throw error(*problem);
@@ -331,8 +332,8 @@ class Mesh {
     for (std::size_t m = 0; m < N; ++m)
       if (state_->names[m] == name) return m;
     if (!problem)
-      problem = fmt::format("kshard: mesh has no dimension named '{}' (it has {})", name,
-                            fmt::join(state_->names, ", "));
+      problem = fmt::format("kshard::{}: mesh has no dimension named '{}' (it has {})",
+                            detail::operation_name(), name, fmt::join(state_->names, ", "));
     return N;
   }
 
@@ -343,9 +344,10 @@ class Mesh {
       return static_cast<std::size_t>(index);
     if (!problem)
       problem = fmt::format(
-          "kshard: mesh dimension index {} is out of range: the mesh has {} dimensions, 0 to {} "
+          "kshard::{}: mesh dimension index {} is out of range: the mesh has {} dimensions, 0 to "
+          "{} "
           "({})",
-          index, N, N - 1, fmt::join(state_->names, ", "));
+          detail::operation_name(), index, N, N - 1, fmt::join(state_->names, ", "));
     return N;
   }
 
@@ -355,8 +357,8 @@ class Mesh {
     for (std::size_t i = 0; i < K; ++i)
       for (std::size_t j = 0; j < i; ++j)
         if (dims[i] == dims[j])
-          return fmt::format("kshard: mesh dimension {} ('{}') is chosen twice for a sub-mesh",
-                             dims[i], state_->names[dims[i]]);
+          return fmt::format("kshard::{}: mesh dimension {} ('{}') is chosen twice for a sub-mesh",
+                             detail::operation_name(), dims[i], state_->names[dims[i]]);
     return std::nullopt;
   }
 
@@ -447,19 +449,21 @@ class Mesh {
     bool overflow = false;
     for (std::size_t m = 0; m < N; ++m) {
       if (shape[m] < 1)
-        return fmt::format("kshard: mesh dimension {} ('{}') has extent {}; it must be >= 1", m,
-                           names[m], shape[m]);
+        return fmt::format("kshard::{}: mesh dimension {} ('{}') has extent {}; it must be >= 1",
+                           detail::operation_name(), m, names[m], shape[m]);
       overflow = overflow || __builtin_mul_overflow(product, std::int64_t{shape[m]}, &product);
       for (std::size_t j = 0; j < m; ++j)
         if (names[j] == names[m])
-          return fmt::format("kshard: mesh dimension name '{}' is used twice", names[m]);
+          return fmt::format("kshard::{}: mesh dimension name '{}' is used twice",
+                             detail::operation_name(), names[m]);
     }
     if (overflow)
-      return fmt::format("kshard: mesh shape ({}) holds more than {} ranks", fmt::join(shape, ", "),
+      return fmt::format("kshard::{}: mesh shape ({}) holds more than {} ranks",
+                         detail::operation_name(), fmt::join(shape, ", "),
                          std::numeric_limits<std::int64_t>::max());
     if (product != size)
-      return fmt::format("kshard: mesh shape ({}) holds {} ranks but the communicator has {}",
-                         fmt::join(shape, ", "), product, size);
+      return fmt::format("kshard::{}: mesh shape ({}) holds {} ranks but the communicator has {}",
+                         detail::operation_name(), fmt::join(shape, ", "), product, size);
     return std::nullopt;
   }
 

@@ -72,25 +72,22 @@ constexpr void check_redistribute_types() {
                 "can reduce (float, double, int32_t, int64_t)");
 }
 
-// The agreement every redistribution starts with: the matrix, the target mesh's rank and shape
-// and the target layout must be the same on every rank; the target's split factors >= 1.
+// The agreement every redistribution starts with: the matrix, the target mesh (rank, shape and
+// names) and the target layout must be the same on every rank; the target's split factors >= 1.
 template <class M, class LT, std::size_t NT>
 Agreement redistribute_agreement(const M& matrix, const Mesh<NT>& target_mesh,
                                  const LT& target_layout) {
   Agreement agreement(matrix.mesh().group());
   same_matrix(agreement, matrix, "the matrix");
-  agreement.same("the target mesh rank", static_cast<std::int64_t>(NT));
-  for (std::size_t m = 0; m < NT; ++m)
-    agreement.same(fmt::format("the extent of target mesh dimension {}", m),
-                   target_mesh.shape()[m]);
+  same_mesh(agreement, "the target mesh", target_mesh);
   same_layout(agreement, target_layout, "the target");
   const auto actions = target_layout.actions();
   for (std::size_t m = 0; m < NT; ++m)
     if (actions[m].split_factor < 1)
-      agreement.problem(fmt::format(
-          "kshard::redistribute: target StridedShard on mesh dimension {} ('{}') has split "
-          "factor {}; it must be >= 1",
-          m, target_mesh.names()[m], actions[m].split_factor));
+      agreement.problem(
+          fmt::format("kshard::{}: target StridedShard on mesh dimension {} ('{}') has split "
+                      "factor {}; it must be >= 1",
+                      operation_name(), m, target_mesh.names()[m], actions[m].split_factor));
   return agreement;
 }
 
@@ -427,9 +424,9 @@ std::optional<std::string> check_same_communicator(const Mesh<N>& mesh, const Me
                                                    const char* what) {
   if (mesh.group().same_ranks_as(target.group())) return std::nullopt;
   return fmt::format(
-      "kshard::redistribute: the target {} ({} ranks) is over a different communicator than the "
+      "kshard::{}: the target {} ({} ranks) is over a different communicator than the "
       "matrix's mesh ({} ranks); both must hold the same processes in the same order",
-      what, target.size(), mesh.size());
+      operation_name(), what, target.size(), mesh.size());
 }
 
 // The stages of one move and the intermediate shards between them, built from the layouts'
@@ -597,8 +594,8 @@ class RedistributePlan {
     static_assert(Kokkos::SpaceAccessibility<Space, MemSpace>::accessible,
                   "kshard::RedistributePlan::apply: the execution space cannot access the "
                   "matrices' memory space");
+    const detail::Operation operation("RedistributePlan::apply");
     if (auto problem = mismatch(matrix, target)) throw error(*problem);
-    const detail::Operation operation("redistribute");
     using Shard = detail::ShardView<T, MemSpace>;  // run takes references: no view copies
     static_assert(std::is_same_v<typename target_type::view_type, Shard> &&
                   std::is_same_v<typename source_type::view_type, Shard>);

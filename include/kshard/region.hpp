@@ -10,6 +10,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -64,14 +66,16 @@ void sum_over_tp(const ExecSpace& space, const Mesh<N>& mesh, std::size_t tp_dim
 /// `reduce_from_tensor_model_parallel_region`): replaces `values` (a rank-1 or rank-2 view of
 /// float, double, int32 or int64) in place by their SUM over the ranks along mesh dimension
 /// `tp_dim`, once the work `space` submitted is done (it is fenced before the all-reduce, which
-/// it waits for). Communication over `mesh.dim_comm(tp_dim)`, none when that dimension has
-/// extent 1: one fixed-size agreement (element type and extents of `values`, which must be the
-/// same on every rank of the tp group; ranks of different tp groups may reduce different
-/// extents), then the all-reduce. Values that differ within a tp group throw the same
-/// `kshard::error` on every rank of it, with `values` unchanged, instead of truncating or
-/// hanging in the all-reduce. Every rank must pass the same `tp_dim` (it chooses the group the
-/// agreement runs in); a `tp_dim` outside the mesh on every rank throws the same
-/// `kshard::error` on every rank.
+/// it waits for). Collective over `mesh`: `tp_dim` and the mesh (its shape and names), which
+/// choose the group, are agreed over the whole mesh first; then the element type, rank and
+/// extents of `values`, which must be the same within a tp group (ranks of different tp groups
+/// may reduce different extents): in the same agreement where the tp group is the whole mesh,
+/// else within the group and once more over the mesh (3 fixed-size agreements), then the
+/// all-reduce over `mesh.dim_comm(tp_dim)` (none when that dimension has extent 1). A `tp_dim`
+/// outside the mesh or values that differ within a tp group throw the same `kshard::error` on
+/// every rank, with `values` unchanged, instead of truncating or hanging in the all-reduce. In
+/// a pipeline-parallel program, pass the mesh of the calling stage (its dp x tp ranks), as for
+/// every other collective: a mesh that holds other stages would make the call wait for them.
 template <class ExecSpace, std::size_t N, class View>
 requires detail::ExecutionSpaceFor<ExecSpace, View>
 void reduce_from_tp(const ExecSpace& space, const Mesh<N>& mesh, std::size_t tp_dim,
@@ -83,18 +87,25 @@ void reduce_from_tp(const ExecSpace& space, const Mesh<N>& mesh, std::size_t tp_
       detail::tp_float_v<T> || std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>,
       "kshard::reduce_from_tp: values must be float, double, int32 or int64");
   const detail::Operation operation("reduce_from_tp");
+  std::optional<std::string> problem;
   if (tp_dim >= N)
-    throw error(
-        fmt::format("kshard::reduce_from_tp: tp_dim is {}, but the mesh {} has {} "
-                    "dimension(s)",
-                    tp_dim, mesh, N));
+    problem =
+        fmt::format("kshard::reduce_from_tp: tp_dim is {}, but the mesh {} has {} dimension(s)",
+                    tp_dim, mesh, N);
+  detail::agree_in_groups(
+      mesh, tp_dim, problem,
+      [&](detail::Agreement& agreement) {
+        agreement.same("tp_dim", static_cast<std::int64_t>(tp_dim));
+        detail::same_mesh(agreement, "the mesh", mesh);
+      },
+      [&](detail::Agreement& agreement) {
+        agreement.same("the element type of values", detail::type_code<T>(), detail::render_type)
+            .same("the rank of values", static_cast<std::int64_t>(View::rank));
+        for (std::size_t d = 0; d < static_cast<std::size_t>(View::rank); ++d)
+          agreement.same(fmt::format("extent {} of values", d),
+                         static_cast<index_t>(values.extent(d)));
+      });
   if (mesh.extent(tp_dim) == 1) return;
-  detail::Agreement agreement(mesh.dim_group(tp_dim), "the ranks of a tp group");
-  agreement.same("the element type of values", detail::type_code<T>(), detail::render_type)
-      .same("the rank of values", static_cast<std::int64_t>(View::rank));
-  for (std::size_t d = 0; d < static_cast<std::size_t>(View::rank); ++d)
-    agreement.same(fmt::format("extent {} of values", d), static_cast<index_t>(values.extent(d)));
-  agreement.settle();
   detail::allreduce_sum_any(space, values, mesh.dim_group(tp_dim));
 }
 

@@ -45,15 +45,6 @@ inline index_t wrap_row(index_t row, index_t rows, const char* who) {
   return row < 0 ? row + rows : row;
 }
 
-// Whether some mesh dimension of extent > 1 splits the columns of `matrix`.
-template <class M>
-bool sums_over_column_shards(const M& matrix) {
-  using L = typename M::layout_type;
-  for (std::size_t m = 0; m < L::rank; ++m)
-    if (L::tensor_dims[m] == 1 && matrix.mesh().extent(m) > 1) return true;
-  return false;
-}
-
 // Sums `values` (one entry per local row) over the mesh dimensions that split columns, so
 // every column shard of a row ends with the full-row value.
 template <class ExecSpace, class M, class View>
@@ -133,10 +124,13 @@ Kokkos::View<double*, typename M::memory_space> agreed_row_squared_norms(const E
 /// Full-row squared L2 norms of the local rows, in local row order: elements are widened to
 /// fp64, squared and summed in fp64 (no finite row of float, bf16 or f16 overflows), then summed
 /// over the mesh dimensions that split columns (only those). One pass over the local shard,
-/// on `space`. Collective over the mesh (every rank calls it). Where mesh dimensions split
-/// columns, one fixed-size agreement over the mesh first (the same element type, shape and
-/// layout on every rank, else the same `kshard::error` everywhere), then one all-reduce of the
-/// local row count in doubles per such dimension; no communication otherwise.
+/// on `space`. Collective over the mesh (every rank calls it): one fixed-size agreement over
+/// the mesh first (the same element type, shape, layout and mesh on every rank, else the same
+/// `kshard::error` everywhere; none on a mesh of one rank), then one all-reduce of the local row
+/// count in doubles per mesh dimension that splits columns; no more communication on row
+/// shards. The agreement runs on every layout because the layout decides whether the norms are
+/// summed: a rank passing a row-split matrix while the others pass a column-split one would
+/// otherwise leave them waiting in the sum.
 template <class ExecSpace, DistributedMatrix M>
 requires detail::ExecutionSpaceFor<ExecSpace, M> Kokkos::View<double*, typename M::memory_space>
 row_squared_norms(const ExecSpace& space, const M& matrix) {
@@ -144,10 +138,7 @@ row_squared_norms(const ExecSpace& space, const M& matrix) {
                 "kshard::row_squared_norms: a Partial matrix has no values until it is reduced; "
                 "redistribute it to Replicate or Shard first");
   const detail::Operation operation("row_squared_norms");
-  // Where the sums over column shards communicate, ranks that pass different matrices would
-  // truncate or hang in them: one agreement over the mesh first. Elsewhere nothing is shared
-  // and the extents are global, so every rank refuses alike on its own.
-  if (detail::sums_over_column_shards(matrix)) {
+  if (matrix.mesh().size() > 1) {
     detail::Agreement agreement(matrix.mesh().group());
     detail::same_matrix(agreement, matrix, "the matrix");
     agreement.problem(detail::norms_size_problem(matrix)).settle();

@@ -303,7 +303,7 @@ TEST(Mismatch, RedistributeTargetsAndSources) {
   const kshard::Mesh<2> flat(MPI_COMM_WORLD, {1, size});
   const kshard::Mesh<2> tall(MPI_COMM_WORLD, {size, 1});
   expect_collective_refusal(
-      "target mesh", {"the extent of target mesh dimension 0 differs between ranks"},
+      "target mesh", {"the target mesh differs between ranks"},
       [&](bool here) {
         (void)kshard::redistribute(m, here ? tall : flat, Layout(Replicate{}, Shard<0>{}));
       },
@@ -542,7 +542,8 @@ TEST(Mismatch, ReduceFromTpExtentsMayDifferBetweenDpGroups) {
 }
 
 // Row norms of a column-split matrix sum over the column shards: a rank-dependent choice
-// between two matrices is refused alike everywhere; on row shards each rank's norms are its own.
+// between two matrices is refused alike everywhere, and so is one between a row-split and a
+// column-split matrix (the layout decides whether the ranks sum: only some would wait in it).
 TEST(Mismatch, RowNormsOfAnotherMatrix) {
   const int size = world_size();
   kshard::Mesh<1> mesh(MPI_COMM_WORLD, {size});
@@ -555,21 +556,42 @@ TEST(Mismatch, RowNormsOfAnotherMatrix) {
       [&](bool here) { (void)kshard::row_squared_norms(here ? seven : five); },
       {watch(five), watch(seven)}, one_rank_only);
   const auto by_rows = make(mesh, Layout(Shard<0>{}), 5, 6);
-  const auto other_rows = make(mesh, Layout(Shard<0>{}), 7, 6, 2);
-  kshard::reset_comm_stats();
-  const bool here = kshard::test::world_rank() == size - 1;
-  const auto norms = Kokkos::create_mirror_view_and_copy(
-      Kokkos::HostSpace(), kshard::row_squared_norms(here ? other_rows : by_rows));
-  const auto& mine = here ? other_rows : by_rows;
-  const auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), mine.local());
-  bool ok = kshard::comm_stats().agreements == 0 && norms.extent(0) == local.extent(0);
-  for (std::size_t i = 0; ok && i < local.extent(0); ++i) {
-    double sum = 0;
-    for (std::size_t j = 0; j < local.extent(1); ++j)
-      sum += static_cast<double>(local(i, j)) * static_cast<double>(local(i, j));
-    ok = std::abs(norms(i) - sum) <= 1e-12 * sum;
-  }
-  EXPECT_TRUE(all_ranks(ok));
+  expect_collective_refusal(
+      "row-split on one rank",
+      {"kshard::row_squared_norms: the placement of the matrix on mesh dimension 0 differs"},
+      [&](bool here) {
+        if (here)
+          (void)kshard::row_squared_norms(by_rows);
+        else
+          (void)kshard::row_squared_norms(five);
+      },
+      {watch(five), watch(by_rows)}, one_rank_only);
+}
+
+// The hang: one rank passes a table split over the other mesh dimension (a
+// rank-dependent `if`); the group of the lookup is agreed over the whole mesh first.
+TEST(Mismatch, TpGroupsChosenFromAgreedLayouts) {
+  const auto mesh = kshard::test::dp_tp_mesh();
+  const auto over_tp = make(mesh, Layout(Replicate{}, Shard<0>{}), 11, 4);
+  const auto over_dp = make(mesh, Layout(Shard<0>{}, Replicate{}), 11, 4);
+  expect_collective_refusal(
+      "lookup", {"kshard::vocab_parallel_lookup: the placement of the table on mesh dimension 0"},
+      [&](bool here) {
+        if (here)
+          (void)kshard::vocab_parallel_lookup(over_dp, ids_of({1, 2}));
+        else
+          (void)kshard::vocab_parallel_lookup(over_tp, ids_of({1, 2}));
+      },
+      {watch(over_tp), watch(over_dp)}, one_rank_only);
+  // Meshes {S, 1} and {dp, tp} over the same ranks: the same layout, other rows.
+  const kshard::Mesh<2> tall(MPI_COMM_WORLD, {world_size(), 1}, {"dp", "tp"});
+  const auto on_tall = make(tall, Layout(Shard<0>{}, Replicate{}), 11, 4);
+  const auto on_usual = make(mesh, Layout(Shard<0>{}, Replicate{}), 11, 4);
+  if (tall.shape() == mesh.shape()) return;  // at 2 ranks the usual mesh is {2, 1}
+  expect_collective_refusal(
+      "repair on a mesh of another shape", {"the mesh of 'embed_tokens' differs between ranks"},
+      [&](bool here) { (void)kshard::find_damaged_rows(here ? on_tall : on_usual); },
+      {watch(on_tall), watch(on_usual)}, one_rank_only);
 }
 
 TEST(Overflow, SizesPastInt64AreRefusedBeforeAllocating) {

@@ -69,10 +69,18 @@ class Agreement {
   // `render` shows a value there (an empty text: the message shows no values).
   Agreement& same(std::string what, std::int64_t value, Render render = render_number) {
     if (values_.size() + 3 < capacity)  // slots 1 .. capacity - 3
-      values_.push_back({std::move(what), value, std::move(render)});
+      values_.push_back({std::move(what), value, std::move(render), within_});
     else
       overflow_.add(value);
     ++count_;
+    return *this;
+  }
+
+  // The values given from now on need only be the same within a smaller group of ranks than
+  // this agreement's, which here is that whole group (a tp group of one dp coordinate on a
+  // `{1, S}` mesh): their messages name it.
+  Agreement& within(std::string_view between) {
+    within_ = between;
     return *this;
   }
 
@@ -120,6 +128,7 @@ class Agreement {
     std::string what;
     std::int64_t value;
     Render render;
+    std::string_view between;  // empty: the agreement's own
   };
 
   // Agreements are metadata: counted in comm_stats().agreements, not as data collectives.
@@ -162,15 +171,16 @@ class Agreement {
           "rank must pass the same",
           who, between_);
     const Item& item = values_[slot - 1];
+    const std::string_view between = item.between.empty() ? between_ : item.between;
     const std::string mine = item.render(item.value);
     if (mine.empty())
       return fmt::format("{}: {} differs between {}; every rank must pass the same", who, item.what,
-                         between_);
+                         between);
     const std::int64_t other = item.value == max ? min : max;
     return fmt::format(
         "{}: {} differs between {}: {} on rank {}, {} on another; every rank must "
         "pass the same",
-        who, item.what, between_, mine, rank, item.render(other));
+        who, item.what, between, mine, rank, item.render(other));
   }
 
   // Everyone gets the message of rank `first`.
@@ -184,6 +194,7 @@ class Agreement {
 
   comm::Group group_;
   std::string_view between_;
+  std::string_view within_;
   std::vector<Item> values_;
   Digest overflow_;
   std::int64_t count_ = 0;
@@ -307,10 +318,51 @@ void same_shape_and_layout(Agreement& agreement, index_t rows, index_t cols, con
   same_layout(agreement, layout, role);
 }
 
+// A mesh by its shape and names in dimension order ("Mesh(dp=2, tp=2)"): meshes of other
+// shapes over one communicator share its duplicate, and the same layout on a `{4, 1}` and a
+// `{2, 2}` mesh gives the ranks other coordinates, so other rows.
+template <class Mesh>
+void same_mesh(Agreement& agreement, std::string what, const Mesh& mesh) {
+  std::string text = "Mesh(";
+  for (std::size_t m = 0; m < mesh.shape().size(); ++m)
+    text += fmt::format("{}{}={}", m > 0 ? ", " : "", mesh.names()[m], mesh.shape()[m]);
+  same_text(agreement, std::move(what), text + ")");
+}
+
+// Everything about a matrix that its ranks must share: element type, global shape, layout, mesh.
 template <class M>
 void same_matrix(Agreement& agreement, const M& matrix, std::string_view role) {
   same_shape_and_layout<typename M::value_type>(agreement, matrix.rows(), matrix.cols(),
                                                 matrix.layout(), role);
+  same_mesh(agreement, fmt::format("the mesh of {}", role), matrix.mesh());
+}
+
+// The agreement of a call that communicates within the groups along mesh dimension `split` of
+// `mesh` (the tp groups). What decides the group (`split` itself and whatever `mesh_wide` adds:
+// the mesh, a matrix whose layout names `split`) is agreed over the whole mesh first, with every
+// rank's own `problem`: a rank that chose another group would otherwise wait in one the others
+// never join. Then the values only the ranks of one group must share (`in_group` adds them;
+// other groups may differ): in that same agreement where the group is the whole mesh, else
+// within the group, whose outcome one more agreement over the mesh gives every rank, so every
+// rank throws the same error. Agreements: 1, or 3 where the groups are proper subgroups of more
+// than one rank.
+template <class Mesh, class MeshWide, class InGroup>
+void agree_in_groups(const Mesh& mesh, std::size_t split, const std::optional<std::string>& problem,
+                     MeshWide&& mesh_wide, InGroup&& in_group) {
+  const int group_size = split < mesh.shape().size() ? mesh.extent(split) : 1;
+  const bool whole = group_size == mesh.size();
+  Agreement agreement(mesh.group());
+  mesh_wide(agreement);  // first: it names what decides `split` best
+  agreement.same("the mesh dimension of the groups", static_cast<std::int64_t>(split));
+  agreement.problem(problem);
+  // Ranks that disagree on `whole` disagree on `split` or on what `mesh_wide` adds: those slots
+  // come first and name the difference.
+  if (whole) in_group(agreement.within("the ranks of a tp group"));
+  agreement.settle();
+  if (whole || group_size == 1) return;
+  Agreement group(mesh.dim_group(split), "the ranks of a tp group");
+  in_group(group);
+  agree(mesh.group(), group.outcome());
 }
 
 }  // namespace kshard::detail

@@ -115,7 +115,7 @@ std::optional<std::string> tp_dim_problem(const M& matrix, std::size_t tp_dim, i
 
 // Same shape and the same ranks: a gradient or a bias on the mesh of its weight.
 template <std::size_t N>
-bool same_mesh(const Mesh<N>& a, const Mesh<N>& b) {
+bool on_same_ranks_alike(const Mesh<N>& a, const Mesh<N>& b) {
   return a.shape() == b.shape() && a.group().same_ranks_as(b.group());
 }
 
@@ -133,7 +133,7 @@ std::optional<std::string> placement_problem(const P& param, const G& grad, cons
   if (!(grad.layout() == param.layout()))
     return fmt::format("kshard::{}: {} has layout {} but the weight has {}", who, what,
                        grad.layout(), param.layout());
-  if (!same_mesh(param.mesh(), grad.mesh()))
+  if (!on_same_ranks_alike(param.mesh(), grad.mesh()))
     return fmt::format("kshard::{}: {} is on {} but the weight is on {}, not the same mesh", who,
                        what, grad.mesh(), param.mesh());
   return std::nullopt;
@@ -145,29 +145,21 @@ std::string shape_of(const V& v) {
   return fmt::format("{} x {}", v.extent(0), v.extent(1));
 }
 
-// What the ranks of one tp group must share (`fill` adds it to an Agreement), compared within
-// the group, with this rank's own `problem`: a rank's problem (a bad id, a wrong shape) goes
-// before the difference it causes, so the group learns the cause, not "the ids differ". The
-// outcome is the same on every rank of the group and becomes a problem of the mesh-wide
-// agreement that follows, so a difference inside one group stops every rank.
-template <std::size_t N, class Fill>
-std::optional<std::string> agree_in_tp_group(const Mesh<N>& mesh, std::size_t split,
-                                             const std::optional<std::string>& problem,
-                                             Fill&& fill) {
-  if (mesh.extent(split) == 1) return std::nullopt;
-  Agreement group(mesh.dim_group(split), "the ranks of a tp group");
-  fill(group);
-  return group.problem(problem).outcome();
-}
-
-// The mesh-wide agreement of a tensor-parallel call on `matrix` (its element type, shape and
-// layout) and `tp_dim`, with this rank's problems.
-template <class M>
-Agreement tp_agreement(const M& matrix, std::string_view role, std::size_t tp_dim) {
-  Agreement agreement(matrix.mesh().group());
-  same_matrix(agreement, matrix, role);
-  agreement.same("tp_dim", static_cast<std::int64_t>(tp_dim));
-  return agreement;
+// The agreement of a tensor-parallel call on `matrix` that communicates within its tp groups:
+// `agree_in_groups` along the mesh dimension that splits it, with the matrix (its layout and
+// mesh decide the group), `tp_dim` and the values `mesh_wide` adds agreed over the whole mesh.
+template <class M, class MeshWide, class InGroup>
+void agree_tp_call(const M& matrix, std::string_view role, std::size_t tp_dim,
+                   const std::optional<std::string>& problem, MeshWide&& mesh_wide,
+                   InGroup&& in_group) {
+  agree_in_groups(
+      matrix.mesh(), splitting_dim<typename M::layout_type>(), problem,
+      [&](Agreement& agreement) {
+        same_matrix(agreement, matrix, role);
+        agreement.same("tp_dim", static_cast<std::int64_t>(tp_dim));
+        mesh_wide(agreement);
+      },
+      in_group);
 }
 
 }  // namespace kshard::detail
