@@ -119,9 +119,13 @@ void in_place_case(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, c
       mesh.my_rank() == 0 ? static_cast<std::int64_t>(fs::file_size(undo)) : 0;
   MPI_Bcast(&undo_bytes, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
   const std::int64_t rows_bytes = count * cols * 4;
-  if (written != rows_bytes + undo_bytes)
-    throw kshard::error(fmt::format("bench: the in-place write wrote {} bytes, not {} + {}",
-                                    written, rows_bytes, undo_bytes));
+  // Besides the rows and the undo file: its temporary's marker and the header bytes its state
+  // change rewrites once the rows are written (undo format 2), a few dozen bytes.
+  const std::int64_t bookkeeping = written - rows_bytes - undo_bytes;
+  if (bookkeeping < 0 || bookkeeping > 4096)
+    throw kshard::error(
+        fmt::format("bench: the in-place write wrote {} bytes, not {} + {} and at most 4096 more",
+                    written, rows_bytes, undo_bytes));
   io::undo_in_place(mesh, undo);
   report.add("in_place_write_bytes",
              fmt::format(R"("rows": {}, "cols": {}, "repaired_rows": {}, "bytes_written": {}, )"

@@ -549,25 +549,83 @@ std::optional<std::string> report_clash(const Options& options) {
   return std::nullopt;
 }
 
-// After opening: a report that is one of the checkpoint's weights files, however named.
-std::optional<std::string> report_clash(const std::string& report, const io::Checkpoint& model) {
-  if (world_rank() != 0) return std::nullopt;  // rank 0 alone looks
-  for (const auto& file : model.files())
-    if (within(report, file.path()))
-      return fmt::format("--report '{}' is the weights file '{}'", report, file.path().string());
-  return std::nullopt;
+// Rank 0's text, or none, on every rank.
+std::optional<std::string> from_rank0(const std::optional<std::string>& text) {
+  int length = world_rank() == 0 && text ? static_cast<int>(text->size()) : -1;
+  MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (length < 0) return std::nullopt;
+  std::string message =
+      world_rank() == 0 ? *text : std::string(static_cast<std::size_t>(length), ' ');
+  MPI_Bcast(message.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return message;
 }
 
 // Rank 0's verdict on the report path, on every rank: refused before anything is written,
 // the report included (it would overwrite what it is about).
-void check_report_path(const Options& options, std::optional<std::string> clash) {
-  int ok = world_rank() != 0 || !clash;
-  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  if (ok == 0)
+void check_report_path(std::optional<std::string> clash) {
+  if (const auto message = from_rank0(clash))
     throw Failure{usage_or_io,
-                  fmt::format("{}; it would overwrite it: name another report file",
-                              clash.value_or(options.report)),
+                  fmt::format("{}; it would overwrite it: name another report file", *message),
                   false};
+}
+
+// The files this run reads: the checkpoint's weights, its config and index, and with --undo
+// the undo files next to the weights (rank 0 looks).
+std::vector<io::detail::NamedPath> inputs_of(const Options& options, const io::Checkpoint& model) {
+  std::vector<io::detail::NamedPath> inputs;
+  for (const auto& file : model.files()) {
+    inputs.push_back({"checkpoint file", file.path()});
+    if (options.undo) inputs.push_back({"undo file", undo_path(file)});
+  }
+  const fs::path folder = model.is_folder() ? model.path() : model.path().parent_path();
+  for (const fs::path& json : {folder / "config.json", folder / io::safetensors_index_name}) {
+    std::error_code absent;
+    if (fs::exists(json, absent)) inputs.push_back({"checkpoint file", json});
+  }
+  return inputs;
+}
+
+// The files this run creates, replaces or removes, the report aside: with --out each output,
+// its temporary and the copies of the JSON files; in place the undo files and their
+// temporaries.
+std::vector<io::detail::NamedPath> made_by(const Options& options, const io::Checkpoint& model) {
+  std::vector<io::detail::NamedPath> made;
+  for (const auto& file : model.files()) {
+    if (!options.out.empty()) {
+      const fs::path out = output_of(options, model, file);
+      made.push_back({"output", out});
+      made.push_back({"output's temporary", io::detail::partial_path(out)});
+    }
+    if (options.in_place) {
+      made.push_back({"undo file", undo_path(file)});
+      made.push_back({"undo file's temporary", io::detail::partial_path(undo_path(file))});
+    }
+  }
+  if (!options.out.empty() && model.is_folder())
+    for (const auto& input : inputs_of(options, model))
+      if (input.path.extension() == ".json")
+        made.push_back({"copy", fs::path(options.out) / input.path.filename()});
+  return made;
+}
+
+// After opening, before anything is written: no path this run makes is one it reads, and the
+// report is neither (by device and inode: through links and `..` too). Rank 0 decides.
+void check_paths(const Options& options, const io::Checkpoint& model) {
+  std::vector<io::detail::NamedPath> inputs, made;
+  if (world_rank() == 0) {
+    inputs = inputs_of(options, model);
+    made = made_by(options, model);
+  }
+  if (!options.report.empty()) {
+    std::vector<io::detail::NamedPath> all = inputs;
+    all.insert(all.end(), made.begin(), made.end());
+    check_report_path(world_rank() == 0
+                          ? io::detail::first_clash({{"--report", options.report}}, all)
+                          : std::nullopt);
+  }
+  if (const auto clash =
+          from_rank0(world_rank() == 0 ? io::detail::first_clash(made, inputs) : std::nullopt))
+    throw Failure{usage_or_io, fmt::format("{}; nothing was written", *clash)};
 }
 
 std::string layout_text(const std::vector<kshard::PlacementSpec>& layout) {
@@ -580,10 +638,9 @@ template <std::size_t N>
 int run_on(const Options& options, const kshard::Mesh<N>& mesh,
            const std::vector<kshard::PlacementSpec>& layout) {
   const io::Checkpoint model(mesh, options.model);
-  if (!options.report.empty()) {  // before any work: a report that cannot be written is an error
-    check_report_path(options, report_clash(options.report, model));
-    write_report(options.report, {{"status", "running"}});
-  }
+  check_paths(options, model);
+  // Before any work: a report that cannot be written is an error.
+  if (!options.report.empty()) write_report(options.report, {{"status", "running"}});
   if (options.undo) return undo(model, mesh);
   const auto embed = pick(model, options.embed, embed_names, "input embedding");
   if (!embed)
@@ -609,7 +666,7 @@ int run_on(const Options& options, const kshard::Mesh<N>& mesh,
 }
 
 int run(const Options& options) {
-  if (!options.report.empty()) check_report_path(options, report_clash(options));
+  if (!options.report.empty()) check_report_path(report_clash(options));
   std::vector<int> shape;
   std::vector<kshard::PlacementSpec> layout;
   try {

@@ -256,7 +256,6 @@ requires detail::ExecutionSpaceFor<ExecSpace, M>
 void vocab_parallel_lookup(const ExecSpace& space, const M& table, const IdView& ids,
                            const OutView& out, std::size_t tp_dim, double scale = 1.0) {
   using T = typename M::value_type;
-  using L = typename M::layout_type;
   using Out = lookup_value_t<T>;
   detail::check_lookup_types<ExecSpace, M, IdView>();
   static_assert(

@@ -17,7 +17,10 @@
 #   - 1-D and 3-D embeddings, F16 and F64 LM heads next to an F32 embedding: exit 1;
 #   - --dry-run where the real run refuses (no healthy rows, a damaged LM head, an LM head of
 #     another shape): exit 1, as the real run;
-#   - options that differ between ranks (an MPMD launch): exit 2 on every rank, no hang.
+#   - options that differ between ranks (an MPMD launch): exit 2 on every rank, no hang;
+#   - generated: every operation (--out, --in-place, --undo, --report) x every path it creates
+#     x every spelling that makes it an input (same text, sub/.., symbolic and hard link): exit
+#     2, rank 0 names the path, no file changed.
 #
 # Environment: KSHARD_TOOL_MPIEXEC (default mpiexec), KSHARD_TOOL_TIMEOUT (seconds per launch,
 # default 120: a launch that takes longer is a hang).
@@ -177,6 +180,83 @@ grep -q -- '--strategy differs' "$dir/out.0" || fail "strategy_differs: the mess
 launch parse_differs $((others + 1)) -n 1 @TOOL "$good" --dry-run \
   : -n "$others" @TOOL "$good" --dry-run --no-such-option
 codes_are parse_differs 2
+
+# D16 (generated): no run writes over a file it reads, however the path is spelled. Each row
+# is an operation, a path it creates (or truncates, renames, removes) and an input; each
+# spelling makes that path name the input: the same text, a path through sub/.., a symbolic
+# link and a hard link at it. Every rank must exit 2, rank 0 name the path, and no regular file
+# of the case's folder change (sha256 of each, before and after).
+snapshot() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum); }
+generated=0
+skipped=0
+# clash_case NAME DIR MADE TOOL-ARGUMENTS...
+clash_case() {
+  local name=$1 case_dir=$2 made=$3 before
+  shift 3
+  before=$(snapshot "$case_dir")
+  expect "$name" 2 "$@"
+  grep -qF -- "'$made'" "$dir/out.0" || fail "$name: rank 0 does not name '$made': $(head -c 400 "$dir/out.0")"
+  [ "$(snapshot "$case_dir")" = "$before" ] || fail "$name: a file in $case_dir changed"
+  generated=$((generated + 1))
+}
+# made_of MADE ARG MODEL: the path the run creates, from the argument that names it or the model.
+made_of() {
+  case $1 in
+    output | report) echo "$2" ;;
+    temporary) echo "$2.kshard-partial" ;;
+    undo) echo "$3.kshard-undo" ;;
+    undo_temporary) echo "$3.kshard-undo.kshard-partial" ;;
+  esac
+}
+# generated_case OP MADE INPUT SPELLING
+generated_case() {
+  local op=$1 made=$2 input=$3 sp=$4 d=$scratch/gen.$generated.$skipped
+  local name=gen_${op}_${made}_is_${input}_by_$sp model arg argpath at
+  mkdir -p "$d/sub"
+  model=$d/m.safetensors
+  arg=$d/o.safetensors                         # the argument --out or --report is given
+  [ "$sp" = dotdot ] && argpath=$d/sub/../o.safetensors || argpath=$arg
+  if [ "$input" = undo_file ]; then             # --undo's input: the model's undo file
+    cp "$good" "$model"
+    launch "${name}_setup" "$np" -n "$np" @TOOL "$model" --in-place
+    codes_are "${name}_setup" 0
+    arg=$model.kshard-undo
+    [ "$sp" = dotdot ] && argpath=$d/sub/../m.safetensors.kshard-undo || argpath=$arg
+    [ "$sp" = symlink ] || [ "$sp" = hardlink ] && { arg=$d/o.json && argpath=$arg; }
+    at=$model.kshard-undo
+  else
+    at=$(made_of "$made" "$arg" "$model")      # where the input must lie to be that path
+    case $made in undo | undo_temporary)
+      [ "$sp" = same ] || [ "$sp" = dotdot ] && { skipped=$((skipped + 1)); return; } ;;
+    esac
+    if [ "$sp" = same ] || [ "$sp" = dotdot ]; then model=$at; fi
+    cp "$good" "$model"
+    at=$model                                   # what a link names
+  fi
+  [ "$sp" = symlink ] && ln -s "$(realpath "$at")" "$(made_of "$made" "$arg" "$model")"
+  [ "$sp" = hardlink ] && ln "$at" "$(made_of "$made" "$arg" "$model")"
+  local args=("$model")
+  case $op in
+    out) [ "$made" = report ] && args+=(--out "$d/x.safetensors" --report "$argpath") ||
+      args+=(--out "$argpath") ;;
+    in_place) args+=(--in-place) && [ "$made" = report ] && args+=(--report "$argpath") ;;
+    undo) args+=(--undo --report "$argpath") ;;
+    dry_run) args+=(--dry-run --report "$argpath") ;;
+  esac
+  clash_case "$name" "$d" "$(made_of "$made" "$argpath" "$model")" "${args[@]}"
+}
+table=(
+  "out output model" "out temporary model" "out report model"
+  "in_place undo model" "in_place undo_temporary model" "in_place report model"
+  "undo report model" "undo report undo_file"
+  "dry_run report model"
+)
+for row in "${table[@]}"; do
+  read -r op made input <<<"$row"
+  for sp in same dotdot symlink hardlink; do generated_case "$op" "$made" "$input" "$sp"; done
+done
+[ "$generated" -eq 32 ] || fail "generated $generated clash cases (skipped $skipped), expected 32"
+echo "ok   [np$np] $generated generated clash cases ($skipped not spellable: the undo paths derive from MODEL)"
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures failure(s) at np$np"

@@ -61,6 +61,7 @@
 #include "kshard/error.hpp"
 #include "kshard/float16.hpp"
 #include "kshard/io/detail/mpi_file.hpp"
+#include "kshard/io/detail/paths.hpp"
 #include "kshard/io/io_stats.hpp"
 #include "kshard/io/safetensors_header.hpp"
 #include "kshard/mesh.hpp"
@@ -692,7 +693,8 @@ inline std::optional<std::string> verify_updates(File& in, const SafetensorsFile
   return problem;
 }
 
-// The file's bytes outside the tensors replaced whole, as [begin, end) ranges in file order.
+// The file's bytes outside the tensors replaced whole, as [begin, end) ranges in file order,
+// from byte 8: the length prefix is written last, over the temporary's marker.
 inline std::vector<std::pair<std::uint64_t, std::uint64_t>> kept_ranges(
     const SafetensorsFile& file, const std::vector<TensorUpdate>& updates) {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> replaced;
@@ -703,7 +705,7 @@ inline std::vector<std::pair<std::uint64_t, std::uint64_t>> kept_ranges(
   }
   std::sort(replaced.begin(), replaced.end());
   std::vector<std::pair<std::uint64_t, std::uint64_t>> kept;
-  std::uint64_t at = 0;
+  std::uint64_t at = temporary_marker.size();
   for (const auto& [begin, end] : replaced) {
     if (begin > at) kept.emplace_back(at, begin);
     at = std::max(at, end);
@@ -745,24 +747,35 @@ inline void copy_share(File& source, File& target,
   }
 }
 
-// Rank 0's checks of the target path before anything is written.
-inline std::optional<std::string> target_problem(const SafetensorsFile& source,
-                                                 const std::filesystem::path& target) {
-  std::error_code ec;
-  if (std::filesystem::exists(target, ec) && std::filesystem::equivalent(target, source.path(), ec))
-    return fmt::format(
-        "kshard::io: the output '{}' is the input file; write to another path or "
-        "update the rows in place",
-        target.string());
-  const std::filesystem::path folder = std::filesystem::absolute(target).parent_path();
-  if (!std::filesystem::is_directory(folder, ec))
-    return fmt::format("kshard::io: the output folder '{}' does not exist", folder.string());
-  return std::nullopt;
-}
-
 // Where a new file is written until it is complete: the same folder, so the rename is atomic.
 inline std::filesystem::path partial_path(const std::filesystem::path& target) {
   return target.string() + ".kshard-partial";
+}
+
+// Rank 0's checks of the output paths, before anything is touched: neither the output nor its
+// temporary is the source (by identity), the folder exists, the temporary name is free or
+// kshard's leftover.
+inline std::optional<std::string> output_problem(const SafetensorsFile& source,
+                                                 const std::filesystem::path& target) {
+  if (auto clash = first_clash({{"output", target}, {"output's temporary", partial_path(target)}},
+                               {{"input", source.path()}}))
+    return fmt::format(
+        "kshard::io: {}; nothing was written: write to another path or update "
+        "the rows in place",
+        *clash);
+  std::error_code ec;
+  const std::filesystem::path folder = std::filesystem::absolute(target).parent_path();
+  if (!std::filesystem::is_directory(folder, ec))
+    return fmt::format("kshard::io: the output folder '{}' does not exist", folder.string());
+  return temporary_problem(partial_path(target));
+}
+
+// The 8-byte length prefix of a file with `header`.
+inline std::array<std::byte, 8> length_prefix(const SafetensorsHeader& header) {
+  std::array<std::byte, 8> prefix{};
+  for (std::size_t i = 0; i < 8; ++i)
+    prefix[i] = static_cast<std::byte>(header.header_length >> (8 * i) & 0xff);
+  return prefix;
 }
 
 // Rank 0: the complete file takes its name, durably (the folder is synced too).
@@ -787,8 +800,7 @@ inline void write_partial(const kshard::comm::Group& group, const SafetensorsFil
   std::optional<File> out;
   agree(group, attempt([&] {
           in.emplace(group.native(), source.path().string(), MPI_MODE_RDONLY);
-          out.emplace(group.native(), partial.string(),
-                      MPI_MODE_WRONLY | MPI_MODE_CREATE | MPI_MODE_EXCL);
+          out.emplace(group.native(), partial.string(), MPI_MODE_WRONLY);  // rank 0 made it
         }));
   const int rank = group.rank();
   agree(group,
@@ -807,12 +819,15 @@ inline void write_partial(const kshard::comm::Group& group, const SafetensorsFil
 /// `updates` replaced by their matrices (same dtype and shape, so the header is kept byte for
 /// byte). The bytes outside the tensors replaced whole are copied in equal parts by all ranks;
 /// each matrix is written by the first copies of its blocks (one `MPI_File_write_at_all`); the
-/// file is written as `target` + ".kshard-partial", synced, then renamed, so `target` is
-/// complete or untouched, and `source` is only read. Collective over `mesh`, which every matrix
-/// must live on. Every rank throws the same `kshard::error`, with `target` untouched, for a
-/// missing tensor, a dtype or shape that differs from the tensor's, a tensor given twice, row
-/// ids out of range, arguments that differ between ranks, a target that is the source or in a
-/// folder that does not exist, and any failed read or write.
+/// file is written as `target` + ".kshard-partial" (starting with kshard's temporary marker
+/// until its length prefix is written last), synced, then renamed, so `target` is complete or
+/// untouched, and `source` is only read. Collective over `mesh`, which every matrix must live
+/// on. Every rank throws the same `kshard::error`, with no file touched, for a missing tensor, a
+/// dtype or shape that differs from the tensor's, a tensor given twice, row ids out of range,
+/// arguments that differ between ranks, a target or temporary name that names the source file
+/// (by device and inode: through links and `..` too), a temporary name that holds a file kshard
+/// did not write, a folder that does not exist; and for any failed read or write, with `target`
+/// untouched.
 template <std::size_t N>
 void write_safetensors(const Mesh<N>& mesh, const SafetensorsFile& source,
                        const std::filesystem::path& target,
@@ -823,31 +838,82 @@ void write_safetensors(const Mesh<N>& mesh, const SafetensorsFile& source,
   detail::Agreement agreement(group);
   kshard::detail::same_text(agreement, "the output file", target.string());
   detail::check_updates(agreement, source, updates, group);
-  if (mesh.my_rank() == 0) {
-    agreement.problem(detail::target_problem(source, target));
-    std::error_code ignored;                    // a throw here would leave the other ranks waiting
-    std::filesystem::remove(partial, ignored);  // a run killed before its rename left it
-  }
+  if (mesh.my_rank() == 0) agreement.problem(detail::output_problem(source, target));
   agreement.settle();
+  bool created = false;  // rank 0 made the temporary: its to remove after a failure
   try {
+    detail::agree(group, detail::attempt([&] {
+                    if (mesh.my_rank() != 0) return;
+                    ::close(detail::create_temporary(partial));
+                    created = true;
+                  }));
     detail::write_partial(group, source, partial, updates);
     detail::agree(group, detail::attempt([&] {
-                    if (mesh.my_rank() == 0) detail::publish(partial, target);
+                    if (mesh.my_rank() != 0) return;
+                    const detail::ScopedFd fd(::open(partial.c_str(), O_WRONLY | O_CLOEXEC));
+                    detail::seal_temporary(fd.get(), partial,
+                                           detail::length_prefix(source.header()));
+                    detail::publish(partial, target);
                   }));
   } catch (const error&) {
-    std::error_code ignored;
-    if (mesh.my_rank() == 0) std::filesystem::remove(partial, ignored);
+    if (created) ::unlink(partial.c_str());
     throw;
   }
 }
 
 namespace detail {
 
-// Metadata keys of an undo file (a safetensors file: tensor "<i>.rows" holds the row ids of
-// update i, "<i>.bytes" their original bytes).
+// An undo file is a safetensors file: tensor "<i>.rows" holds the row ids of update i,
+// "<i>.bytes" their bytes before the write, metadata "<i>.name" its tensor. It records what
+// the in-place write left behind, so that undo restores into that file only: the file's path,
+// device, inode and size, and, once the rows are written and verified (state "written"), a
+// hash of each tensor's written rows ("<i>.written_hash").
 inline constexpr std::string_view undo_format = "kshard.undo";
+inline constexpr std::string_view undo_version = "2";
 inline constexpr std::string_view undo_target = "kshard.target";
 inline constexpr std::string_view undo_target_size = "kshard.target_size";
+inline constexpr std::string_view undo_target_device = "kshard.target_device";
+inline constexpr std::string_view undo_target_inode = "kshard.target_inode";
+inline constexpr std::string_view undo_state = "kshard.state";
+// The states and the hash are of fixed length: the header keeps its length when they change.
+inline constexpr std::string_view undo_writing = "writing";
+inline constexpr std::string_view undo_written = "written";
+inline constexpr std::string_view undo_no_hash = "0000000000000000";
+
+// The key of metadata `field` of update `i`.
+inline std::string undo_key(std::size_t i, std::string_view field) {
+  return fmt::format("{}.{}", i, field);
+}
+
+// FNV-1a of row bytes as 16 hex digits.
+inline std::string rows_hash(const std::vector<std::byte>& bytes) {
+  const std::int64_t value =
+      kshard::detail::Digest()
+          .add(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()))
+          .value();
+  return fmt::format("{:016x}", std::bit_cast<std::uint64_t>(value));
+}
+
+// `path` opened with `flags`, or an error naming it.
+inline int open_or_throw(const std::filesystem::path& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0)
+    throw error(
+        fmt::format("kshard::io: cannot open '{}': {}", path.string(), std::strerror(errno)));
+  return fd;
+}
+
+// Rows `ids`, each `row_bytes` long, of the tensor at byte `offset` of the file open as `fd`,
+// packed in that order.
+inline std::vector<std::byte> read_rows(int fd, const std::string& path, std::uint64_t offset,
+                                        const std::vector<index_t>& ids, std::uint64_t row_bytes) {
+  std::vector<std::byte> bytes(ids.size() * row_bytes);
+  for (std::size_t r = 0; r < ids.size(); ++r)
+    kshard::detail::throw_if(pread_exactly(fd, bytes.data() + r * row_bytes, row_bytes,
+                                           offset + static_cast<std::uint64_t>(ids[r]) * row_bytes,
+                                           path));
+  return bytes;
+}
 
 // Why `file` may not be written in place (rank 0's check): read-only by its mode (respected
 // even by root, who may write anyway) or by access().
@@ -860,74 +926,129 @@ inline std::optional<std::string> writable_problem(const SafetensorsFile& file) 
   return std::nullopt;
 }
 
-// Writes `bytes` to `path` durably and atomically (partial name, fsync, rename).
-inline void write_durably(const std::filesystem::path& path, const std::vector<std::byte>& bytes) {
-  const std::filesystem::path partial = partial_path(path);
-  const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw error(
-        fmt::format("kshard::io: cannot create '{}': {}", partial.string(), std::strerror(errno)));
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<std::size_t>(n);
-  }
-  const bool ok = done == bytes.size() && ::fsync(fd) == 0;
-  ::close(fd);
-  io_stats().bytes_written += static_cast<std::int64_t>(done);
-  if (!ok) {
-    std::error_code ignored;
-    std::filesystem::remove(partial, ignored);
-    throw error(
-        fmt::format("kshard::io: writing '{}' failed: {}", partial.string(), std::strerror(errno)));
-  }
-  publish(partial, path);
+// Rank 0's checks before an in-place write touches anything: neither the undo file nor its
+// temporary is the checkpoint (by identity), the checkpoint is writable, no undo file is there
+// yet, and the temporary name is free or kshard's leftover.
+inline std::optional<std::string> in_place_problem(const SafetensorsFile& file,
+                                                   const std::filesystem::path& undo) {
+  if (auto clash = first_clash({{"undo file", undo}, {"undo file's temporary", partial_path(undo)}},
+                               {{"checkpoint", file.path()}}))
+    return fmt::format("kshard::io: {}; nothing was written: name another undo file", *clash);
+  if (auto problem = writable_problem(file)) return problem;
+  std::error_code ec;  // rank 0 alone looks: it must not throw
+  if (std::filesystem::exists(undo, ec) || ec)
+    return fmt::format(
+        "kshard::io: the undo file '{}' exists already; undo that write or remove the file first",
+        undo.string());
+  return temporary_problem(partial_path(undo));
 }
 
-// Rank 0: the undo file of `updates` (the current bytes of every row they replace).
-inline void write_undo(const SafetensorsFile& file, const std::vector<TensorUpdate>& updates,
-                       const std::filesystem::path& undo) {
+// Writes `bytes` (a safetensors file) to `path` durably and atomically: a marked temporary,
+// its length prefix written last, fsync, rename.
+inline void write_durably(const std::filesystem::path& path, const std::vector<std::byte>& bytes) {
+  const std::filesystem::path partial = partial_path(path);
+  const ScopedFd fd(create_temporary(partial));
+  try {
+    for (std::size_t done = temporary_marker.size(); done < bytes.size();) {
+      const ssize_t n =
+          ::pwrite(fd.get(), bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        throw error(fmt::format("kshard::io: writing '{}' failed: {}", partial.string(),
+                                std::strerror(errno)));
+      done += static_cast<std::size_t>(n);
+      io_stats().bytes_written += n;
+    }
+    std::array<std::byte, 8> prefix{};
+    std::copy_n(bytes.begin(), prefix.size(), prefix.begin());
+    seal_temporary(fd.get(), partial, prefix);
+    publish(partial, path);
+  } catch (const error&) {
+    ::unlink(partial.c_str());
+    throw;
+  }
+}
+
+// Rank 0's undo file while the in-place write runs: its tensors and metadata.
+struct UndoImage {
   std::vector<TensorSpec> specs;
-  std::vector<std::byte> data;
-  std::map<std::string, std::string> metadata{
-      {std::string(undo_format), "1"},
-      {std::string(undo_target), std::filesystem::absolute(file.path()).string()},
-      {std::string(undo_target_size), std::to_string(file.file_size())}};
-  const int fd = ::open(file.path().c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    throw error(fmt::format("kshard::io: cannot open '{}': {}", file.path().string(),
+  std::map<std::string, std::string> metadata;
+
+  [[nodiscard]] std::vector<std::byte> header() const {
+    return serialize_safetensors_header(make_safetensors_header(specs, metadata));
+  }
+};
+
+// Rank 0: the undo file of `updates` (the current bytes of every row they replace), recording
+// the file's identity and size, in state "writing".
+inline UndoImage write_undo(const SafetensorsFile& file, const std::vector<TensorUpdate>& updates,
+                            const std::filesystem::path& undo) {
+  const ScopedFd fd(open_or_throw(file.path(), O_RDONLY));
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0)
+    throw error(fmt::format("kshard::io: cannot stat '{}': {}", file.path().string(),
                             std::strerror(errno)));
-  std::optional<std::string> problem;
-  for (std::size_t i = 0; i < updates.size() && !problem; ++i) {
+  UndoImage image;
+  image.metadata = {{std::string(undo_format), std::string(undo_version)},
+                    {std::string(undo_target), std::filesystem::absolute(file.path()).string()},
+                    {std::string(undo_target_size), std::to_string(file.file_size())},
+                    {std::string(undo_target_device), std::to_string(info.st_dev)},
+                    {std::string(undo_target_inode), std::to_string(info.st_ino)},
+                    {std::string(undo_state), std::string(undo_writing)}};
+  std::vector<std::byte> data;
+  for (std::size_t i = 0; i < updates.size(); ++i) {
     const TensorUpdate& u = updates[i];
     const std::vector<index_t>& ids = *u.rows();
     const auto count = static_cast<std::int64_t>(ids.size());
-    const index_t row_bytes = UpdateAccess::row_bytes(u);
-    metadata[fmt::format("{}.name", i)] = u.name();
-    specs.push_back({fmt::format("{}.rows", i), Dtype::I64, {count}});
-    specs.push_back(
-        {fmt::format("{}.bytes", i), UpdateAccess::dtype(u), {count, UpdateAccess::cols(u)}});
-    const std::size_t ids_at = data.size();
-    data.resize(ids_at + ids.size() * sizeof(index_t));
-    if (!ids.empty()) std::memcpy(data.data() + ids_at, ids.data(), ids.size() * sizeof(index_t));
-    const std::uint64_t offset = file.file_offset(*file.header().find(u.name()));
-    for (const index_t id : ids) {
-      const std::size_t at = data.size();
-      data.resize(at + static_cast<std::size_t>(row_bytes));
-      problem =
-          pread_exactly(fd, data.data() + at, static_cast<std::uint64_t>(row_bytes),
-                        offset + static_cast<std::uint64_t>(id * row_bytes), file.path().string());
-      if (problem) break;
-    }
+    image.metadata[undo_key(i, "name")] = u.name();
+    image.metadata[undo_key(i, "written_hash")] = undo_no_hash;
+    image.specs.push_back({undo_key(i, "rows"), Dtype::I64, {count}});
+    image.specs.push_back(
+        {undo_key(i, "bytes"), UpdateAccess::dtype(u), {count, UpdateAccess::cols(u)}});
+    const auto* id_bytes = reinterpret_cast<const std::byte*>(ids.data());
+    data.insert(data.end(), id_bytes, id_bytes + ids.size() * sizeof(index_t));
+    const std::vector<std::byte> rows =
+        read_rows(fd.get(), file.path().string(), file.file_offset(*file.header().find(u.name())),
+                  ids, static_cast<std::uint64_t>(UpdateAccess::row_bytes(u)));
+    data.insert(data.end(), rows.begin(), rows.end());
   }
-  ::close(fd);
-  if (problem) throw error(*problem);
-  std::vector<std::byte> bytes =
-      serialize_safetensors_header(make_safetensors_header(specs, metadata));
+  std::vector<std::byte> bytes = image.header();
   bytes.insert(bytes.end(), data.begin(), data.end());
   write_durably(undo, bytes);
+  return image;
+}
+
+// Rank 0, after the rows were written and verified: the undo file records the hash of each
+// tensor's rows as the file now holds them, and state "written". The values keep their length,
+// so only the header bytes that differ are rewritten (tens of bytes) and synced; a torn write
+// there leaves a hash or state that undo refuses, never one it accepts wrongly.
+inline void mark_undo_written(const SafetensorsFile& file, const std::vector<TensorUpdate>& updates,
+                              UndoImage& image, const std::filesystem::path& undo) {
+  const std::vector<std::byte> before = image.header();
+  {
+    const ScopedFd in(open_or_throw(file.path(), O_RDONLY));
+    for (std::size_t i = 0; i < updates.size(); ++i)
+      image.metadata[undo_key(i, "written_hash")] = rows_hash(read_rows(
+          in.get(), file.path().string(), file.file_offset(*file.header().find(updates[i].name())),
+          *updates[i].rows(), static_cast<std::uint64_t>(UpdateAccess::row_bytes(updates[i]))));
+  }
+  image.metadata[std::string(undo_state)] = undo_written;
+  const std::vector<std::byte> after = image.header();
+  if (after.size() != before.size())
+    throw error("kshard::io: the undo file's header changed its length (a kshard bug)");
+  const auto first = static_cast<std::size_t>(
+      std::mismatch(before.begin(), before.end(), after.begin()).first - before.begin());
+  const auto end =
+      after.size() -
+      static_cast<std::size_t>(std::mismatch(before.rbegin(), before.rend(), after.rbegin()).first -
+                               before.rbegin());
+  const ScopedFd out(open_or_throw(undo, O_WRONLY));
+  if (::pwrite(out.get(), after.data() + first, end - first, static_cast<off_t>(first)) !=
+          static_cast<ssize_t>(end - first) ||
+      ::fsync(out.get()) != 0)
+    throw error(
+        fmt::format("kshard::io: writing '{}' failed: {}", undo.string(), std::strerror(errno)));
+  io_stats().bytes_written += static_cast<std::int64_t>(end - first);
 }
 
 // Writes the updates' rows into `file` itself, fsyncs, and reads them back.
@@ -954,10 +1075,6 @@ inline void write_rows(const kshard::comm::Group& group, const SafetensorsFile& 
   agree(group, problem);
 }
 
-}  // namespace detail
-
-namespace detail {
-
 // The value of metadata `key` of an undo file, or an error naming the file.
 inline const std::string& undo_field(const SafetensorsFile& undo, std::string_view key) {
   const auto it = undo.header().metadata.find(std::string(key));
@@ -967,76 +1084,139 @@ inline const std::string& undo_field(const SafetensorsFile& undo, std::string_vi
   return it->second;
 }
 
-// Rank 0: writes the saved rows of `undo` back into `target`, fsyncs, and reads them back.
-inline void restore_rows(const SafetensorsFile& undo, const SafetensorsFile& target) {
-  const std::string where = target.path().string();
-  if (undo_field(undo, undo_target_size) != std::to_string(target.file_size()))
-    throw error(fmt::format("kshard::io: '{}' has {} bytes, but the undo file was made for {}",
-                            where, target.file_size(), undo_field(undo, undo_target_size)));
-  const int in = ::open(undo.path().c_str(), O_RDONLY | O_CLOEXEC);
-  const int out = ::open(target.path().c_str(), O_RDWR | O_CLOEXEC);
-  std::optional<std::string> problem;
-  if (in < 0 || out < 0)
-    problem = fmt::format("kshard::io: cannot open '{}' or '{}': {}", undo.path().string(), where,
-                          std::strerror(errno));
-  for (std::size_t i = 0; !problem; ++i) {
-    const auto name = undo.header().metadata.find(fmt::format("{}.name", i));
-    if (name == undo.header().metadata.end()) break;
-    const TensorEntry* rows = undo.header().find(fmt::format("{}.rows", i));
-    const TensorEntry* saved = undo.header().find(fmt::format("{}.bytes", i));
+// One tensor of an undo file: the rows it restores and where they go in the checkpoint.
+struct UndoPart {
+  std::string name;
+  std::vector<index_t> ids;
+  std::vector<std::byte> saved;  // the rows' bytes before the in-place write
+  std::uint64_t offset = 0;      // of the tensor in the checkpoint
+  std::uint64_t row_bytes = 0;
+  std::string written_hash;
+};
+
+// Rank 0: the tensors of `undo`, each checked against the tensor of `target` it restores.
+inline std::vector<UndoPart> undo_parts(const SafetensorsFile& undo,
+                                        const SafetensorsFile& target) {
+  const ScopedFd fd(open_or_throw(undo.path(), O_RDONLY));
+  const std::string from = undo.path().string();
+  std::vector<UndoPart> parts;
+  for (std::size_t i = 0;; ++i) {
+    const auto name = undo.header().metadata.find(undo_key(i, "name"));
+    if (name == undo.header().metadata.end()) return parts;
+    const TensorEntry* rows = undo.header().find(undo_key(i, "rows"));
+    const TensorEntry* saved = undo.header().find(undo_key(i, "bytes"));
     const TensorEntry* entry = target.header().find(name->second);
     if (rows == nullptr || saved == nullptr || rows->dtype != Dtype::I64 ||
         rows->shape.size() != 1 || entry == nullptr || saved->dtype != entry->dtype ||
         entry->shape.size() != 2 ||
-        saved->shape != std::vector<std::int64_t>{rows->shape[0], entry->shape[1]}) {
-      problem = fmt::format("kshard::io: the undo file does not match tensor {} of '{}'",
-                            in_quotes(name->second), where);
-      break;
-    }
-    std::vector<index_t> ids(static_cast<std::size_t>(rows->shape[0]));
-    std::vector<std::byte> bytes(saved->bytes());
-    std::vector<std::byte> back(bytes.size());
-    problem =
-        pread_exactly(in, ids.data(), rows->bytes(), undo.file_offset(*rows), undo.path().string());
-    if (!problem)
-      problem = pread_exactly(in, bytes.data(), bytes.size(), undo.file_offset(*saved),
-                              undo.path().string());
-    const std::uint64_t row_bytes = bytes.size() / std::max<std::size_t>(ids.size(), 1);
-    const auto row_offset = [&](std::size_t r) {
-      return target.file_offset(*entry) + static_cast<std::uint64_t>(ids[r]) * row_bytes;
-    };
-    for (std::size_t r = 0; r < ids.size() && !problem; ++r)
-      if (ids[r] < 0 || ids[r] >= entry->shape[0])
-        problem = fmt::format("kshard::io: the undo file names row {} of tensor {}, which has {}",
-                              ids[r], in_quotes(name->second), entry->shape[0]);
-    for (std::size_t r = 0; r < ids.size() && !problem; ++r) {
-      if (::pwrite(out, bytes.data() + r * row_bytes, row_bytes,
-                   static_cast<off_t>(row_offset(r))) != static_cast<ssize_t>(row_bytes))
-        problem = fmt::format("kshard::io: writing '{}' failed: {}", where, std::strerror(errno));
-      io_stats().bytes_written += static_cast<std::int64_t>(row_bytes);
-    }
-    if (!problem && ::fsync(out) != 0)
-      problem = fmt::format("kshard::io: syncing '{}' failed: {}", where, std::strerror(errno));
-    for (std::size_t r = 0; r < ids.size() && !problem; ++r)
-      problem = pread_exactly(out, back.data() + r * row_bytes, row_bytes, row_offset(r), where);
-    if (!problem && back != bytes)
-      problem = fmt::format(
-          "kshard::io: tensor {} of '{}' reads back other bytes than the undo "
-          "file holds",
-          in_quotes(name->second), where);
+        saved->shape != std::vector<std::int64_t>{rows->shape[0], entry->shape[1]})
+      throw error(fmt::format("kshard::io: the undo file does not match tensor {} of '{}'",
+                              in_quotes(name->second), target.path().string()));
+    UndoPart part{name->second,
+                  std::vector<index_t>(static_cast<std::size_t>(rows->shape[0])),
+                  std::vector<std::byte>(saved->bytes()),
+                  target.file_offset(*entry),
+                  static_cast<std::uint64_t>(entry->shape[1]) * dtype_size(entry->dtype),
+                  undo_field(undo, undo_key(i, "written_hash"))};
+    kshard::detail::throw_if(
+        pread_exactly(fd.get(), part.ids.data(), rows->bytes(), undo.file_offset(*rows), from));
+    kshard::detail::throw_if(pread_exactly(fd.get(), part.saved.data(), part.saved.size(),
+                                           undo.file_offset(*saved), from));
+    for (const index_t id : part.ids)
+      if (id < 0 || id >= entry->shape[0])
+        throw error(fmt::format("kshard::io: the undo file names row {} of tensor {}, which has {}",
+                                id, in_quotes(name->second), entry->shape[0]));
+    parts.push_back(std::move(part));
   }
-  if (in >= 0) ::close(in);
-  if (out >= 0) ::close(out);
-  if (problem) throw error(*problem);
+}
+
+// Rank 0: `target` is the file `undo` was made for: a format that records it, not the undo
+// file itself, the device, inode and size recorded.
+inline void check_undo_identity(const SafetensorsFile& undo, const SafetensorsFile& target) {
+  const std::string where = target.path().string();
+  if (const std::string& format = undo_field(undo, undo_format); format != undo_version)
+    throw error(fmt::format(
+        "kshard::io: the undo file '{}' has format {}, which does not record what the in-place "
+        "write left in the checkpoint (its identity and a hash of the rows); kshard restores "
+        "only from format {}",
+        undo.path().string(), in_quotes(format), undo_version));
+  if (auto clash = first_clash({{"undo file", undo.path()}}, {{"checkpoint it restores", where}}))
+    throw error(fmt::format("kshard::io: {}", *clash));
+  struct stat info {};
+  if (::stat(where.c_str(), &info) != 0)
+    throw error(fmt::format("kshard::io: cannot stat '{}': {}", where, std::strerror(errno)));
+  const std::string now = fmt::format("device {} inode {}", info.st_dev, info.st_ino);
+  const std::string recorded =
+      fmt::format("device {} inode {}", undo_field(undo, undo_target_device),
+                  undo_field(undo, undo_target_inode));
+  if (now != recorded)
+    throw error(fmt::format(
+        "kshard::io: '{}' is not the file the undo file '{}' was made for: it is {}, the undo "
+        "file records {} (replaced since the in-place write?)",
+        where, undo.path().string(), now, recorded));
+  if (undo_field(undo, undo_target_size) != std::to_string(target.file_size()))
+    throw error(fmt::format("kshard::io: '{}' has {} bytes, but the undo file was made for {}",
+                            where, target.file_size(), undo_field(undo, undo_target_size)));
+}
+
+// Rank 0: the parts `undo` restores into `target`, after checking that the rows there are
+// those the in-place write left (its state "written"; a write that never finished, state
+// "writing", left old and new rows that no hash tells apart, and is checked by identity only).
+inline std::vector<UndoPart> check_undo(const SafetensorsFile& undo,
+                                        const SafetensorsFile& target) {
+  check_undo_identity(undo, target);
+  std::vector<UndoPart> parts = undo_parts(undo, target);
+  const std::string& state = undo_field(undo, undo_state);
+  if (state == undo_writing) return parts;
+  if (state != undo_written)
+    throw error(fmt::format("kshard::io: the undo file '{}' is in state {}, not one kshard writes",
+                            undo.path().string(), in_quotes(state)));
+  const ScopedFd fd(open_or_throw(target.path(), O_RDONLY));
+  for (const UndoPart& part : parts) {
+    const std::string now = rows_hash(
+        read_rows(fd.get(), target.path().string(), part.offset, part.ids, part.row_bytes));
+    if (now != part.written_hash)
+      throw error(fmt::format(
+          "kshard::io: the rows of tensor {} in '{}' are not those the in-place write left there "
+          "(their hash is {}, the undo file '{}' records {}): the file was written, replaced or "
+          "undone since",
+          in_quotes(part.name), target.path().string(), now, undo.path().string(),
+          part.written_hash));
+  }
+  return parts;
+}
+
+// Rank 0: writes the saved rows back into `target`, fsyncs, and reads them back.
+inline void restore_rows(const std::vector<UndoPart>& parts, const SafetensorsFile& target) {
+  const std::string where = target.path().string();
+  const ScopedFd out(open_or_throw(target.path(), O_RDWR));
+  for (const UndoPart& part : parts)
+    for (std::size_t r = 0; r < part.ids.size(); ++r) {
+      const auto at = part.offset + static_cast<std::uint64_t>(part.ids[r]) * part.row_bytes;
+      if (::pwrite(out.get(), part.saved.data() + r * part.row_bytes, part.row_bytes,
+                   static_cast<off_t>(at)) != static_cast<ssize_t>(part.row_bytes))
+        throw error(
+            fmt::format("kshard::io: writing '{}' failed: {}", where, std::strerror(errno)));
+      io_stats().bytes_written += static_cast<std::int64_t>(part.row_bytes);
+    }
+  if (::fsync(out.get()) != 0)
+    throw error(fmt::format("kshard::io: syncing '{}' failed: {}", where, std::strerror(errno)));
+  for (const UndoPart& part : parts)
+    if (read_rows(out.get(), where, part.offset, part.ids, part.row_bytes) != part.saved)
+      throw error(fmt::format(
+          "kshard::io: tensor {} of '{}' reads back other bytes than the undo file holds",
+          in_quotes(part.name), where));
 }
 
 }  // namespace detail
 
 /// Restores the rows that `write_rows_in_place` replaced, from its undo file `undo`, into the
-/// checkpoint the undo file names (after checking that it is that file: same size, the same
-/// tensors, dtypes and widths), fsyncs, verifies, and removes `undo`. Collective over `mesh`;
-/// rank 0 does the writing. Every rank throws the same `kshard::error` for an undo file that
-/// is missing, not kshard's or does not match the checkpoint, with the checkpoint untouched.
+/// checkpoint the undo file names, fsyncs, verifies, and removes `undo`. Collective over
+/// `mesh`; rank 0 checks and writes. Every rank throws the same `kshard::error`, with the
+/// checkpoint untouched, for an undo file that is missing, not kshard's, of an older format,
+/// the checkpoint itself, or made for another file: one whose device and inode, size, tensors,
+/// dtypes or widths differ from those recorded, or, after a write that finished, whose rows
+/// are not those the write left (hashed; so a second undo from a copy of the file is refused).
 template <std::size_t N>
 void undo_in_place(const Mesh<N>& mesh, const std::filesystem::path& undo) {
   const kshard::detail::Operation operation("io::undo_in_place");
@@ -1047,22 +1227,29 @@ void undo_in_place(const Mesh<N>& mesh, const std::filesystem::path& undo) {
                   target_path = detail::undo_field(saved, detail::undo_target);
                 }));
   const SafetensorsFile target(mesh, target_path);
+  std::vector<detail::UndoPart> parts;
+  detail::agree(mesh.group(), detail::attempt([&] {
+                  if (mesh.my_rank() == 0) parts = detail::check_undo(saved, target);
+                }));
   detail::agree(mesh.group(), detail::attempt([&] {
                   if (mesh.my_rank() != 0) return;
-                  detail::restore_rows(saved, target);
+                  detail::restore_rows(parts, target);
                   std::filesystem::remove(undo);
                 }));
 }
 
 /// Writes the rows of `updates` (made with `replace_rows`) into `file` itself, and nothing
 /// else: first rank 0 saves the rows' current bytes to the undo file `undo` (written under a
-/// temporary name, fsynced, renamed), then the ranks holding first copies write their parts of
-/// the rows (one `MPI_File_write_at_all` per tensor), fsync, and read them back to verify. A
-/// failed write or verification restores the rows from `undo`; after success `undo` stays, for
-/// `undo_in_place`. Collective over `mesh`. Every rank throws the same `kshard::error`, nothing
-/// written, for the refusals of `write_safetensors`, an update without rows, a file whose mode
-/// is read-only, and an `undo` that already exists (an earlier write not undone or removed).
-/// Rank 0 holds all replaced rows in memory while it writes the undo file.
+/// marked temporary name, fsynced, renamed) with the file's device, inode and size; then the
+/// ranks holding first copies write their parts of the rows (one `MPI_File_write_at_all` per
+/// tensor), fsync, and read them back to verify; then rank 0 records the hash of the rows as
+/// written in the undo file. A failed write or verification restores the rows from `undo`;
+/// after success `undo` stays, for `undo_in_place`. Collective over `mesh`. Every rank throws
+/// the same `kshard::error`, nothing written, for the refusals of `write_safetensors`, an
+/// update without rows, a file whose mode is read-only, an `undo` (or its temporary name) that
+/// is the checkpoint, by identity, an `undo` that already exists (an earlier write not undone
+/// or removed), and a file at its temporary name that kshard did not write. Rank 0 holds all
+/// replaced rows in memory while it writes the undo file.
 template <std::size_t N>
 void write_rows_in_place(const Mesh<N>& mesh, const SafetensorsFile& file,
                          const std::vector<TensorUpdate>& updates,
@@ -1078,21 +1265,17 @@ void write_rows_in_place(const Mesh<N>& mesh, const SafetensorsFile& file,
           fmt::format("kshard::io: the update of tensor {} has no rows; in-place "
                       "writes take replace_rows(name, matrix, ids)",
                       detail::in_quotes(u.name())));
-  if (mesh.my_rank() == 0) {
-    agreement.problem(detail::writable_problem(file));
-    std::error_code ec;  // rank 0 alone looks: it must not throw
-    if (std::filesystem::exists(undo, ec) || ec)
-      agreement.problem(
-          fmt::format("kshard::io: the undo file '{}' exists already; undo that "
-                      "write or remove the file first",
-                      undo.string()));
-  }
+  if (mesh.my_rank() == 0) agreement.problem(detail::in_place_problem(file, undo));
   agreement.settle();
+  std::optional<detail::UndoImage> image;  // rank 0's
   detail::agree(group, detail::attempt([&] {
-                  if (mesh.my_rank() == 0) detail::write_undo(file, updates, undo);
+                  if (mesh.my_rank() == 0) image = detail::write_undo(file, updates, undo);
                 }));
   try {
     detail::write_rows(group, file, updates);
+    detail::agree(group, detail::attempt([&] {
+                    if (mesh.my_rank() == 0) detail::mark_undo_written(file, updates, *image, undo);
+                  }));
   } catch (const error& e) {
     undo_in_place(mesh, undo);
     throw error(fmt::format("{} (the rows were restored from '{}')", e.what(), undo.string()));

@@ -1,0 +1,105 @@
+#pragma once
+
+// What the MPI tests of kshard::io share: a scratch folder every rank sees, whole files read
+// and written, and a small checkpoint image built serially.
+
+#include <mpi.h>
+
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "kshard/io/safetensors.hpp"
+#include "kshard_test.hpp"
+
+namespace kshard_io_mpi_test {
+
+namespace fs = std::filesystem;
+namespace io = kshard::io;
+using kshard::index_t;
+using kshard::test::ExecSpace;
+using kshard::test::MemSpace;
+
+// The marker each temporary file starts with until its length prefix replaces it.
+inline constexpr std::int64_t marker_bytes = io::detail::temporary_marker.size();
+
+// A folder shared by the ranks (rank 0's name), emptied at the start and removed at the end.
+class Scratch {
+ public:
+  Scratch() {
+    int id = static_cast<int>(::getpid());
+    MPI_Bcast(&id, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    folder_ = fs::temp_directory_path() / ("kshard_io_mpi_" + std::to_string(id));
+    if (kshard::test::world_rank() == 0) {
+      fs::remove_all(folder_);
+      fs::create_directories(folder_);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  ~Scratch() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (kshard::test::world_rank() == 0) fs::remove_all(folder_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  [[nodiscard]] fs::path operator/(const std::string& name) const { return folder_ / name; }
+
+ private:
+  fs::path folder_;
+};
+
+inline std::vector<std::byte> read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> bytes(text.size());
+  if (!text.empty()) std::memcpy(bytes.data(), text.data(), text.size());
+  return bytes;
+}
+
+// Rank 0 writes `bytes` to `path`; everyone waits for it.
+inline void write_file(const fs::path& path, const std::vector<std::byte>& bytes) {
+  if (kshard::test::world_rank() == 0) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+template <class T>
+std::vector<std::byte> bytes_of(const kshard::HostMatrix<T>& m) {
+  std::vector<std::byte> bytes(m.span() * sizeof(T));
+  if (!bytes.empty()) std::memcpy(bytes.data(), m.data(), bytes.size());
+  return bytes;
+}
+
+// A file image: a 3-byte U8 tensor first (so "weight" starts at an odd offset: the data
+// section is never assumed aligned), then `weight`, a 1-D F64 tensor "after" and a 2 x 2
+// "twin" of weight's dtype.
+template <class T>
+std::vector<std::byte> checkpoint_image(const kshard::HostMatrix<T>& weight) {
+  const std::vector<io::TensorSpec> specs{
+      {"odd", io::Dtype::U8, {3}},
+      {"weight",
+       io::dtype_of<T>(),
+       {static_cast<std::int64_t>(weight.extent(0)), static_cast<std::int64_t>(weight.extent(1))}},
+      {"after", io::Dtype::F64, {4}},
+      {"twin", io::dtype_of<T>(), {2, 2}}};
+  const auto header = io::make_safetensors_header(specs, {{"format", "pt"}});
+  std::vector<std::byte> file = io::serialize_safetensors_header(header);
+  for (int i = 0; i < 3; ++i) file.push_back(static_cast<std::byte>(0xa0 + i));
+  const auto weight_bytes = bytes_of(weight);
+  file.insert(file.end(), weight_bytes.begin(), weight_bytes.end());
+  for (std::size_t i = 0; i < 32 + 4 * sizeof(T); ++i)
+    file.push_back(static_cast<std::byte>(i * 7));
+  return file;
+}
+
+}  // namespace kshard_io_mpi_test
