@@ -43,8 +43,8 @@ import numpy as np
 import safetensors
 from safetensors.numpy import load_file
 
-from realdata_common import (DTYPE_NUMPY, EMBED, Header, as_float64, sha256, tensor_hashes,
-                             weights_files)
+from realdata_common import (DTYPE_NUMPY, EMBED, Header, as_float64, fnv1a64, sha256,
+                             tensor_hashes, weights_files)
 
 MIN_NORM = 1e-6  # kshard-repair's default --min-norm
 failures = []
@@ -329,11 +329,21 @@ def main():
                 undo_bytes = f.read()
             loaded = dict(safetensors.deserialize(undo_bytes))
             meta = Header(undo_path).metadata or {}
-            check(meta.get("kshard.undo") == "1" and meta.get("0.name") == EMBED,
-                  f"undo file metadata {meta}")
+            check(meta.get("kshard.undo") == "2" and meta.get("0.name") == EMBED and
+                  meta.get("kshard.state") == "written", f"undo file metadata {meta}")
             check(os.path.realpath(meta.get("kshard.target", "")) ==
                   os.path.realpath(repaired_files[embed_file]),
                   f"undo file names target {meta.get('kshard.target')}")
+            # What the write left: the file's identity and size, and the FNV-1a 64 of the rows
+            # it wrote (kshard's Digest ends each piece with a 0xff byte).
+            info = os.stat(repaired_files[embed_file])
+            check([meta.get("kshard.target_device"), meta.get("kshard.target_inode"),
+                   meta.get("kshard.target_size")] ==
+                  [str(info.st_dev), str(info.st_ino), str(info.st_size)],
+                  f"undo file identity {meta}, the file's {info}")
+            written = b"".join(out_raw[i].tobytes() for i in expected_ids) + b"\xff"
+            check(meta.get("0.written_hash") == "%016x" % fnv1a64(written),
+                  f"undo file written_hash {meta.get('0.written_hash')}")
             if "0.rows" in loaded and "0.bytes" in loaded:
                 saved_ids = np.frombuffer(bytes(loaded["0.rows"]["data"]), np.int64).tolist()
                 check(saved_ids == expected_ids, f"undo file rows {saved_ids}")

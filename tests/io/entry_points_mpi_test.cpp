@@ -1,0 +1,244 @@
+// Generated, not listed: the table of kshard::io's collective entry points, each argument a
+// rank-dependent `if` can change (paths, tensor names, element types, matrices by the shared
+// generator, row ids) changed on the last rank only, at every rank count of the io suite: the
+// same kshard::error on every rank, no file byte changed, no output created, the next
+// collective working (tests/support/entry_points.hpp). IoEntryPoints.TableCoversTheHeaders
+// compares the rows with the operations the io headers name. Paths that coincide with the
+// files an operation makes are tests/io/path_clash_mpi_test.cpp.
+
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "entry_points.hpp"
+#include "kshard/io/checkpoint.hpp"
+#include "kshard/io/safetensors.hpp"
+#include "kshard_test.hpp"
+#include "safetensors_mpi_support.hpp"
+
+namespace {
+
+using namespace kshard::test;  // the generator's vocabulary (entry_points.hpp)
+using namespace kshard_io_mpi_test;
+using kshard::Layout;
+using kshard::Replicate;
+using kshard::Shard;
+
+// The files every row works on: a checkpoint with a 6 x 4 float "weight", a copy of it under
+// another name, and where each row's outputs go. Built before the table runs, removed after.
+struct Files {
+  const Scratch& scratch;
+  fs::path checkpoint = scratch / "m.safetensors";
+  fs::path copy = scratch / "copy.safetensors";
+  fs::path output = scratch / "out.safetensors";
+  fs::path undo = scratch / "m.undo";
+};
+
+// The bytes of every file in the scratch folder (and whether the outputs exist): a refusal
+// must leave them as they were.
+Watched files_unchanged(const Files& files) {
+  return [files] {
+    std::uint64_t hash = 0xcbf29ce484222325ull;
+    for (const fs::path& path : {files.checkpoint, files.copy, files.output, files.undo}) {
+      hash = (hash ^ (fs::exists(path) ? 1u : 2u)) * 1099511628211ull;
+      for (const std::byte b : read_file(path))
+        hash = (hash ^ static_cast<unsigned char>(b)) * 1099511628211ull;
+    }
+    return hash;
+  };
+}
+
+// The weight's matrix argument: any layout over the usual mesh, the tensor's shape.
+auto weight_argument() {
+  auto arg = plain_matrix("the matrix");
+  arg.rows = 6;
+  arg.cols = 4;
+  return arg;
+}
+
+// Cases whose argument is not one of `skipped` (changes an entry point cannot be given).
+std::vector<Case> without(std::vector<Case> cases, const std::vector<std::string>& skipped) {
+  std::erase_if(cases, [&](const Case& c) {
+    return std::find(skipped.begin(), skipped.end(), c.argument) != skipped.end();
+  });
+  return cases;
+}
+
+// `c`, whose error may also name the rank's own finding `phrase` (which goes first).
+Case or_finding(Case c, std::string phrase) {
+  c.phrases.push_back(std::move(phrase));
+  return c;
+}
+
+std::vector<Case> open_cases(const Files& files) {
+  const Watched unchanged = files_unchanged(files);
+  return {value_case("path", "the file path differs",
+                     [=](bool here) {
+                       (void)io::SafetensorsFile(meshes().usual,
+                                                 here ? files.copy : files.checkpoint);
+                     },
+                     {unchanged})};
+}
+
+std::vector<Case> checkpoint_cases(const Files& files) {
+  return {value_case("path", "the checkpoint path differs",
+                     [=](bool here) {
+                       (void)io::Checkpoint(meshes().usual, here ? files.copy : files.checkpoint);
+                     },
+                     {files_unchanged(files)})};
+}
+
+// read_matrix builds the matrix: every change of it but its shape (the file's) and the name.
+std::vector<Case> read_matrix_cases(const Files& files) {
+  const auto read = [path = files.checkpoint](auto type, const Mesh2& mesh, const auto& layout,
+                                              index_t, index_t) {
+    const io::SafetensorsFile file(mesh, path);
+    using T = typename decltype(type)::type;
+    return io::read_matrix<T, ExecSpace, MemSpace>(file, "weight", mesh, layout);
+  };
+  auto cases = without(building_cases<float, double>(weight_argument(), read),
+                       {"the matrix: rows", "the matrix: columns"});
+  for (Case& c : cases) {
+    c.phrases.push_back("is F32, but the matrix holds double");  // a rank's own finding
+    c.watched.push_back(files_unchanged(files));
+  }
+  cases.push_back(value_case("name", "the tensor name differs",
+                             [path = files.checkpoint](bool here) {
+                               const io::SafetensorsFile file(meshes().usual, path);
+                               (void)io::read_matrix<float, ExecSpace, MemSpace>(
+                                   file, here ? "twin" : "weight", meshes().usual,
+                                   Layout(Replicate{}, Shard<0>{}));
+                             },
+                             {files_unchanged(files)}));
+  return cases;
+}
+
+std::vector<Case> read_into_cases(const Files& files) {
+  const io::SafetensorsFile file(meshes().usual, files.checkpoint);
+  auto cases = matrix_cases<float, double>(
+      weight_argument(), [file](const auto& m) { io::read_into(file, "weight", m); },
+      {"but the matrix holds", "has shape"});
+  const auto m = Distribute{}(Type<float>{}, meshes().usual, Layout(Replicate{}, Shard<0>{}), 6, 4);
+  cases.push_back(or_finding(
+      value_case("name", "the tensor name differs",
+                 [file, m](bool here) { io::read_into(file, here ? "twin" : "weight", m); },
+                 {watch_copy(m)}),
+      "has shape [2, 2], but the matrix is 6 x 4"));
+  return cases;
+}
+
+// A write of `updates(matrix)`-style arguments: the matrix changed by the generator, then the
+// paths and names of the row itself.
+template <class Write>
+std::vector<Case> update_cases(const Files& files, Write write) {
+  auto cases = matrix_cases<float, double>(
+      weight_argument(), write,
+      {"but the matrix replacing it is", "the layout or mesh of the matrix for 'weight' differs"});
+  for (Case& c : cases) c.watched.push_back(files_unchanged(files));
+  return cases;
+}
+
+std::vector<Case> write_cases(const Files& files) {
+  const io::SafetensorsFile source(meshes().usual, files.checkpoint);
+  const auto weight =
+      Distribute{}(Type<float>{}, meshes().usual, Layout(Replicate{}, Shard<0>{}), 6, 4);
+  const Watched unchanged = files_unchanged(files);
+  return joined(
+      update_cases(files,
+                   [source, output = files.output](const auto& m) {
+                     io::write_safetensors(m.mesh(), source, output, {io::replace("weight", m)});
+                   }),
+      std::vector{value_case("output path", "the output file differs",
+                             [=](bool here) {
+                               io::write_safetensors(meshes().usual, source,
+                                                     here ? files.copy : files.output,
+                                                     {io::replace("weight", weight)});
+                             },
+                             {unchanged}),
+                  or_finding(value_case("tensor name", "the name of a tensor to replace differs",
+                                        [=](bool here) {
+                                          io::write_safetensors(
+                                              meshes().usual, source, files.output,
+                                              {io::replace(here ? "twin" : "weight", weight)});
+                                        },
+                                        {unchanged}),
+                             "is F32 [2, 2], but the matrix replacing it is")});
+}
+
+std::vector<Case> in_place_cases(const Files& files) {
+  const io::SafetensorsFile file(meshes().usual, files.checkpoint);
+  const auto weight =
+      Distribute{}(Type<float>{}, meshes().usual, Layout(Replicate{}, Shard<0>{}), 6, 4);
+  const Watched unchanged = files_unchanged(files);
+  return joined(update_cases(files,
+                             [file, undo = files.undo](const auto& m) {
+                               io::write_rows_in_place(m.mesh(), file,
+                                                       {io::replace_rows("weight", m, {1})}, undo);
+                             }),
+                std::vector{value_case("undo path", "the undo file differs",
+                                       [=](bool here) {
+                                         io::write_rows_in_place(
+                                             meshes().usual, file,
+                                             {io::replace_rows("weight", weight, {1})},
+                                             here ? files.output : files.undo);
+                                       },
+                                       {unchanged}),
+                            value_case("rows", "the rows of 'weight' to replace differs",
+                                       [=](bool here) {
+                                         io::write_rows_in_place(
+                                             meshes().usual, file,
+                                             {io::replace_rows("weight", weight, {here ? 2 : 1})},
+                                             files.undo);
+                                       },
+                                       {unchanged})});
+}
+
+// An undo file made for the checkpoint's copy (left in place, then undone at the end), and the
+// undo changed on one rank to another existing file.
+std::vector<Case> undo_cases(const Files& files) {
+  const io::SafetensorsFile copy(meshes().usual, files.copy);
+  const fs::path undo = files.copy.string() + ".undo";
+  const auto weight =
+      Distribute{}(Type<float>{}, meshes().usual, Layout(Replicate{}, Shard<0>{}), 6, 4);
+  io::write_rows_in_place(meshes().usual, copy, {io::replace_rows("weight", weight, {1})}, undo);
+  return {value_case(
+      "undo path", "the file path differs",
+      [=](bool here) { io::undo_in_place(meshes().usual, here ? files.checkpoint : undo); },
+      {files_unchanged(files)})};
+}
+
+std::vector<EntryPoint> entry_points(const Files& files) {
+  const auto with = [&files](auto cases) { return [&files, cases] { return cases(files); }; };
+  return {{"io::SafetensorsFile", Kind::agreed, with(open_cases)},
+          {"io::Checkpoint", Kind::agreed, with(checkpoint_cases)},
+          {"io::read_matrix", Kind::agreed, with(read_matrix_cases)},
+          {"io::read_into", Kind::agreed, with(read_into_cases)},
+          {"io::write_safetensors", Kind::agreed, with(write_cases)},
+          {"io::write_rows_in_place", Kind::agreed, with(in_place_cases)},
+          {"io::undo_in_place", Kind::agreed, with(undo_cases)}};
+}
+
+TEST(IoEntryPoints, TableCoversTheHeaders) {
+  const Scratch scratch;
+  expect_rows_for_every_operation(entry_points(Files{scratch}), KSHARD_INCLUDE_DIR "/kshard/io");
+}
+
+TEST(IoEntryPoints, EveryArgumentDifferingOnOneRank) {
+  const Scratch scratch;
+  const Files files{scratch};
+  const auto image = checkpoint_image(reference_matrix<float>(6, 4, 9));
+  write_file(files.checkpoint, image);
+  write_file(files.copy, image);
+  for (const EntryPoint& entry : entry_points(files)) run(entry);
+}
+
+}  // namespace
