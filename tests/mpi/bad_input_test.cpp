@@ -278,6 +278,12 @@ TEST(BadInput, RedistributeTargets) {
       "target split factor", {"split factor 0", "differs between ranks"},
       [&](bool here) { (void)kshard::redistribute(m, Strided(StridedShard<0>{here ? 0 : 2})); },
       {watch(m)});
+  // The message names the call the user made.
+  expect_collective_refusal(
+      "plan split factor",
+      {"kshard::plan_redistribute: target StridedShard on mesh dimension 0 ('d0') has split "
+       "factor 0"},
+      [&](bool) { (void)kshard::plan_redistribute(m, Strided(StridedShard<0>{0})); }, {watch(m)});
   const Matrix right(mesh, Rows{}, 8, 3);
   const Matrix taller(mesh, Rows{}, 9, 3);
   expect_collective_refusal("redistribute_into shape",

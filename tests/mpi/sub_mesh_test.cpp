@@ -150,9 +150,13 @@ TEST(MeshSub, WorksLikeAMeshBuiltDirectly) {
 TEST(MeshSub, BadDimensionsAreTheSameErrorOnEveryRank) {
   const auto mesh = kshard::test::dp_tp_mesh();
   auto message = collective_error([&] { (void)mesh.sub("pp"); });
-  EXPECT_NE(message.find("no dimension named 'pp' (it has dp, tp)"), std::string::npos) << message;
+  // The message names the call the user made.
+  EXPECT_NE(message.find("kshard::Mesh::sub: mesh has no dimension named 'pp' (it has dp, tp)"),
+            std::string::npos)
+      << message;
   message = collective_error([&] { (void)mesh.sub(2); });
-  EXPECT_NE(message.find("index 2 is out of range: the mesh has 2 dimensions, 0 to 1 (dp, tp)"),
+  EXPECT_NE(message.find("kshard::Mesh::sub: mesh dimension index 2 is out of range: the mesh has "
+                         "2 dimensions, 0 to 1 (dp, tp)"),
             std::string::npos)
       << message;
   message = collective_error([&] { (void)mesh.sub(-1); });
