@@ -23,6 +23,7 @@
 #include <fmt/ranges.h>  // fmt::join (moved here in fmt 11)
 
 #include "kshard/bfloat16.hpp"
+#include "kshard/detail/agreement.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/float16.hpp"
 #include "kshard/layout_mapping.hpp"
@@ -223,10 +224,7 @@ template <std::size_t N>
 struct fmt::formatter<kshard::Mesh<N>> : kshard::detail::plain_formatter {
   template <class Ctx>
   auto format(const kshard::Mesh<N>& mesh, Ctx& ctx) const {
-    auto out = fmt::format_to(ctx.out(), "Mesh(");
-    for (std::size_t m = 0; m < N; ++m)
-      out = fmt::format_to(out, "{}{}={}", m == 0 ? "" : ", ", mesh.names()[m], mesh.extent(m));
-    return fmt::format_to(out, ")");
+    return fmt::format_to(ctx.out(), "{}", kshard::detail::mesh_text(mesh));
   }
 };
 

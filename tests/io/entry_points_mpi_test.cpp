@@ -43,17 +43,11 @@ struct Files {
   fs::path undo = scratch / "m.undo";
 };
 
-// The bytes of every file in the scratch folder (and whether the outputs exist): a refusal
-// must leave them as they were.
+// Every file of the scratch folder (folder_digest): a refusal must leave every byte as it was
+// and make no file.
 Watched files_unchanged(const Files& files) {
-  return [files] {
-    std::uint64_t hash = 0xcbf29ce484222325ull;
-    for (const fs::path& path : {files.checkpoint, files.copy, files.output, files.undo}) {
-      hash = (hash ^ (fs::exists(path) ? 1u : 2u)) * 1099511628211ull;
-      for (const std::byte b : read_file(path))
-        hash = (hash ^ static_cast<unsigned char>(b)) * 1099511628211ull;
-    }
-    return hash;
+  return [folder = files.checkpoint.parent_path()] {
+    return static_cast<std::uint64_t>(folder_digest(folder));
   };
 }
 
@@ -142,7 +136,8 @@ template <class Write>
 std::vector<Case> update_cases(const Files& files, Write write) {
   auto cases = matrix_cases<float, double>(
       weight_argument(), write,
-      {"but the matrix replacing it is", "the layout or mesh of the matrix for 'weight' differs"});
+      {"but the matrix replacing it is", "of 'weight' on mesh dimension",
+       "the mesh of 'weight' differs"});
   for (Case& c : cases) c.watched.push_back(files_unchanged(files));
   return cases;
 }

@@ -13,9 +13,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "kshard/detail/agreement.hpp"
 #include "kshard/io/safetensors.hpp"
 #include "kshard_test.hpp"
 
@@ -71,6 +74,24 @@ inline void write_file(const fs::path& path, const std::vector<std::byte>& bytes
               static_cast<std::streamsize>(bytes.size()));
   }
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// FNV-1a of every regular file (not links) under `folder`, by path: any byte changed, file
+// added or removed shows. Rank 0 looks; every rank gets its digest of the map.
+inline std::int64_t folder_digest(const fs::path& folder) {
+  std::int64_t digest = 0;
+  if (kshard::test::world_rank() == 0) {
+    std::map<std::string, std::vector<std::byte>> files;
+    for (const auto& entry : fs::recursive_directory_iterator(folder))
+      if (entry.is_regular_file() && !entry.is_symlink())
+        files[entry.path().string()] = read_file(entry.path());
+    kshard::detail::Digest d;
+    for (const auto& [path, bytes] : files)
+      d.add(path).add(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+    digest = d.value();
+  }
+  MPI_Bcast(&digest, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  return digest;
 }
 
 template <class T>

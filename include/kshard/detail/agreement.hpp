@@ -318,15 +318,22 @@ void same_shape_and_layout(Agreement& agreement, index_t rows, index_t cols, con
   same_layout(agreement, layout, role);
 }
 
-// A mesh by its shape and names in dimension order ("Mesh(dp=2, tp=2)"): meshes of other
-// shapes over one communicator share its duplicate, and the same layout on a `{4, 1}` and a
-// `{2, 2}` mesh gives the ranks other coordinates, so other rows.
+// A mesh as kshard writes it everywhere (its {fmt} formatter too): its names and extents in
+// dimension order, "Mesh(dp=2, tp=2)".
 template <class Mesh>
-void same_mesh(Agreement& agreement, std::string what, const Mesh& mesh) {
+std::string mesh_text(const Mesh& mesh) {
   std::string text = "Mesh(";
   for (std::size_t m = 0; m < mesh.shape().size(); ++m)
     text += fmt::format("{}{}={}", m > 0 ? ", " : "", mesh.names()[m], mesh.shape()[m]);
-  same_text(agreement, std::move(what), text + ")");
+  return text + ")";
+}
+
+// A mesh by its shape and names in dimension order: meshes of other shapes over one
+// communicator share its duplicate, and the same layout on a `{4, 1}` and a `{2, 2}` mesh gives
+// the ranks other coordinates, so other rows.
+template <class Mesh>
+void same_mesh(Agreement& agreement, std::string what, const Mesh& mesh) {
+  same_text(agreement, std::move(what), mesh_text(mesh));
 }
 
 // Everything about a matrix that its ranks must share: element type, global shape, layout, mesh.
@@ -338,8 +345,8 @@ void same_matrix(Agreement& agreement, const M& matrix, std::string_view role) {
 }
 
 // The agreement of a call that communicates within the groups along mesh dimension `split` of
-// `mesh` (the tp groups). What decides the group (`split` itself and whatever `mesh_wide` adds:
-// the mesh, a matrix whose layout names `split`) is agreed over the whole mesh first, with every
+// `mesh` (the tp groups). What decides the group (`mesh_wide` adds it: the mesh and `tp_dim`, or
+// a matrix whose layout names `split`) is agreed over the whole mesh first, with every
 // rank's own `problem`: a rank that chose another group would otherwise wait in one the others
 // never join. Then the values only the ranks of one group must share (`in_group` adds them;
 // other groups may differ): in that same agreement where the group is the whole mesh, else
@@ -352,11 +359,10 @@ void agree_in_groups(const Mesh& mesh, std::size_t split, const std::optional<st
   const int group_size = split < mesh.shape().size() ? mesh.extent(split) : 1;
   const bool whole = group_size == mesh.size();
   Agreement agreement(mesh.group());
-  mesh_wide(agreement);  // first: it names what decides `split` best
-  agreement.same("the mesh dimension of the groups", static_cast<std::int64_t>(split));
+  mesh_wide(agreement);
   agreement.problem(problem);
-  // Ranks that disagree on `whole` disagree on `split` or on what `mesh_wide` adds: those slots
-  // come first and name the difference.
+  // Ranks that disagree on `whole` disagree on what `mesh_wide` adds (which decides `split`):
+  // those slots come first and name the difference.
   if (whole) in_group(agreement.within("the ranks of a tp group"));
   agreement.settle();
   if (whole || group_size == 1) return;

@@ -519,22 +519,6 @@ UpdatePart update_part(const ExecSpace& space, const M& matrix,
 
 struct UpdateAccess;
 
-// The placements and mesh of `matrix` as one digest: ranks passing the matrix of a tensor laid
-// out otherwise (a rank-dependent `if`) would each write their part by their own layout, so
-// rows would be written twice or never.
-template <class M>
-std::int64_t layout_digest(const M& matrix) {
-  using L = typename M::layout_type;
-  kshard::detail::Digest digest;
-  const auto actions = matrix.layout().actions();
-  for (std::size_t m = 0; m < L::rank; ++m)
-    digest.add(kshard::detail::placement_code(actions[m], L::partial_op(m)))
-        .add(actions[m].split_factor)
-        .add(std::int64_t{matrix.mesh().extent(m)})
-        .add(matrix.mesh().names()[m]);
-  return digest.value();
-}
-
 }  // namespace detail
 
 /// A matrix to write over the tensor of the same name (`replace`), or over some of its rows
@@ -559,10 +543,11 @@ class TensorUpdate {
 
   std::string name_;
   Dtype dtype_ = Dtype::F32;
-  std::int64_t type_code_ = 0;
   index_t rows_ = 0;
   index_t cols_ = 0;
-  std::int64_t layout_digest_ = 0;
+  // Adds the matrix (element type, shape, layout, mesh) to an agreement, named as `role`: a
+  // matrix laid out otherwise on one rank would have it write its part by its own layout.
+  std::function<void(detail::Agreement&, std::string_view role)> same_matrix_;
   kshard::comm::Group group_;
   std::optional<std::vector<index_t>> row_ids_;
   std::function<detail::UpdatePart(const std::optional<std::vector<index_t>>&)> part_;
@@ -576,10 +561,11 @@ replace(const ExecSpace& space, std::string name, const M& matrix) {
   TensorUpdate update;
   update.name_ = std::move(name);
   update.dtype_ = dtype_of<typename M::value_type>();
-  update.type_code_ = kshard::detail::type_code<typename M::value_type>();
   update.rows_ = matrix.rows();
   update.cols_ = matrix.cols();
-  update.layout_digest_ = detail::layout_digest(matrix);
+  update.same_matrix_ = [matrix](detail::Agreement& agreement, std::string_view role) {
+    kshard::detail::same_matrix(agreement, matrix, role);
+  };
   update.group_ = matrix.mesh().group();
   update.part_ = [space, matrix](const std::optional<std::vector<index_t>>& rows) {
     return detail::update_part(space, matrix, rows);
@@ -650,12 +636,7 @@ struct UpdateAccess {
 
   static void agree_on(Agreement& agreement, const TensorUpdate& u) {
     kshard::detail::same_text(agreement, "the name of a tensor to replace", u.name_);
-    agreement.same(fmt::format("the element type of {}", in_quotes(u.name_)), u.type_code_,
-                   kshard::detail::render_type);
-    agreement.same(fmt::format("the number of rows of {}", in_quotes(u.name_)), u.rows_);
-    agreement.same(fmt::format("the number of columns of {}", in_quotes(u.name_)), u.cols_);
-    agreement.same(fmt::format("the layout or mesh of the matrix for {}", in_quotes(u.name_)),
-                   u.layout_digest_, [](std::int64_t) { return std::string(); });
+    u.same_matrix_(agreement, in_quotes(u.name_));
     kshard::detail::Digest ids;
     for (const index_t id : u.row_ids_.value_or(std::vector<index_t>{-1})) ids.add(id);
     agreement.same(fmt::format("the rows of {} to replace", in_quotes(u.name_)), ids.value(),
