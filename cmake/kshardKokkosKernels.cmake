@@ -1,4 +1,4 @@
-# kokkos-kernels for the local GEMM (include/kshard/detail/gemm.hpp): KokkosBlas::gemm, which
+# kokkos-kernels for the local GEMM (include/kshard/kernels/gemm.hpp): KokkosBlas::gemm, which
 # runs the vendor BLAS kokkos-kernels was built with (a host BLAS, cuBLAS, rocBLAS). Included by
 # the top-level CMakeLists.txt after Kokkos is found; KSHARD_KOKKOS_KERNELS says what to do:
 #   AUTO (default): use kokkos-kernels when a usable one is found, else kshard's own GEMM;

@@ -17,8 +17,8 @@
 
 #include <fmt/format.h>
 
-#include "kshard/detail/agreement.hpp"
-#include "kshard/detail/mpi.hpp"
+#include "kshard/comm/agreement.hpp"
+#include "kshard/comm/mpi.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/error.hpp"
 #include "kshard/layout_mapping.hpp"

@@ -21,9 +21,9 @@
 
 #include <fmt/format.h>
 
-#include "kshard/detail/agreement.hpp"
-#include "kshard/detail/common_kernels.hpp"
-#include "kshard/detail/host_copy.hpp"
+#include "kshard/comm/agreement.hpp"
+#include "kshard/kernels/copies.hpp"
+#include "kshard/kernels/host_copy.hpp"
 #include "kshard/detail/kokkos_compat.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/dist_matrix.hpp"

@@ -23,7 +23,7 @@
 #include <fmt/ranges.h>  // fmt::join (moved here in fmt 11)
 
 #include "kshard/bfloat16.hpp"
-#include "kshard/detail/agreement.hpp"
+#include "kshard/comm/agreement.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/float16.hpp"
 #include "kshard/layout_mapping.hpp"

@@ -9,7 +9,7 @@
 /// `kshard::detail` is internal.
 
 #include "kshard/bfloat16.hpp"
-#include "kshard/comm_stats.hpp"
+#include "kshard/comm/stats.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/error.hpp"

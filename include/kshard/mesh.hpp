@@ -23,8 +23,8 @@
 #include <fmt/ranges.h>  // fmt::join (moved here in fmt 11)
 
 #include "kshard/comm/group.hpp"
-#include "kshard/detail/agreement.hpp"
-#include "kshard/detail/mpi.hpp"
+#include "kshard/comm/agreement.hpp"
+#include "kshard/comm/mpi.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/error.hpp"
 

@@ -23,12 +23,12 @@
 
 #include <fmt/format.h>
 
-#include "kshard/comm_stats.hpp"
-#include "kshard/detail/agreement.hpp"
-#include "kshard/detail/mpi.hpp"
+#include "kshard/comm/stats.hpp"
+#include "kshard/comm/agreement.hpp"
+#include "kshard/comm/mpi.hpp"
 #include "kshard/detail/operation.hpp"
-#include "kshard/detail/redistribute_kernels.hpp"
-#include "kshard/detail/redistribute_plan.hpp"
+#include "kshard/redistribute/moves.hpp"
+#include "kshard/redistribute/plan.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
 #include "kshard/format.hpp"

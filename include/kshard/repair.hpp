@@ -24,9 +24,9 @@
 #include <fmt/ranges.h>  // fmt::join (moved here in fmt 11)
 
 #include "kshard/bfloat16.hpp"
-#include "kshard/detail/common_kernels.hpp"
+#include "kshard/kernels/column_sums.hpp"
+#include "kshard/kernels/copies.hpp"
 #include "kshard/detail/kokkos_compat.hpp"
-#include "kshard/detail/staging.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
 #include "kshard/format.hpp"

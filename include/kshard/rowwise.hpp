@@ -14,10 +14,9 @@
 #include <fmt/format.h>
 
 #include "kshard/bfloat16.hpp"
-#include "kshard/detail/agreement.hpp"
+#include "kshard/comm/agreement.hpp"
 #include "kshard/detail/operation.hpp"
-#include "kshard/detail/row_norms.hpp"
-#include "kshard/detail/staging.hpp"
+#include "kshard/kernels/row_norms.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
 

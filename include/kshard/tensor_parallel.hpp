@@ -2,9 +2,9 @@
 
 /// \file
 /// Tensor-parallel building blocks (Megatron style) over one mesh dimension, the "tp" dimension:
-/// the vocabulary-parallel embedding lookup and its backward (kshard/embedding.hpp),
-/// reduce-from / copy-to the tensor-parallel region (kshard/region.hpp), and row- and
-/// column-parallel linear layers, forward and backward (kshard/linear.hpp). This header
+/// the vocabulary-parallel embedding lookup and its backward (kshard/tensor_parallel/embedding.hpp),
+/// reduce-from / copy-to the tensor-parallel region (kshard/tensor_parallel/region.hpp), and row- and
+/// column-parallel linear layers, forward and backward (kshard/tensor_parallel/linear.hpp). This header
 /// includes all three.
 ///
 /// Conventions shared by every function there:
@@ -16,7 +16,7 @@
 ///   that splits the table's rows or the weight's features); an explicit `tp_dim` that is not
 ///   that dimension is an error naming both.
 /// - A linear layer's bias (and bias gradient) is a rank-1 view of this rank's part, or the
-///   `out x 1` `DistMatrix` of `kshard::distribute_bias` (kshard/bias.hpp), split like the
+///   `out x 1` `DistMatrix` of `kshard::distribute_bias` (kshard/tensor_parallel/bias.hpp), split like the
 ///   weight's rows: sharded for a column-parallel layer, replicated for a row-parallel one.
 /// - Replicated inputs (token ids, `x` of a column-parallel layer, output gradients of a
 ///   row-parallel layer or of a lookup) must hold the same values on every rank of the tp group.
@@ -36,6 +36,6 @@
 /// - Sums are deterministic: every output element is summed in a fixed order (over k for the
 ///   products, over token positions for the lookup backward), the same on every backend.
 
-#include "kshard/embedding.hpp"
-#include "kshard/linear.hpp"
-#include "kshard/region.hpp"
+#include "kshard/tensor_parallel/embedding.hpp"
+#include "kshard/tensor_parallel/linear.hpp"
+#include "kshard/tensor_parallel/region.hpp"

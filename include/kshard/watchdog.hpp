@@ -16,7 +16,7 @@
 
 #include <fmt/format.h>
 
-#include "kshard/detail/mpi.hpp"
+#include "kshard/comm/mpi.hpp"
 #include "kshard/error.hpp"
 
 namespace kshard {

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "counting_backend.hpp"
-#include "kshard/comm_stats.hpp"
+#include "kshard/comm/stats.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/redistribute.hpp"
 #include "kshard/rowwise.hpp"

@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kshard/detail/agreement.hpp"
+#include "kshard/comm/agreement.hpp"
 #include "kshard/io/safetensors.hpp"
 #include "kshard_test.hpp"
 

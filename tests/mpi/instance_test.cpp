@@ -106,7 +106,7 @@ TEST(Tools, EveryCollectiveOpensARegionNamedAfterTheOperation) {
 // Kokkos reports fences to tools with the instance they wait for; a global fence (every
 // instance of the device) has instance id 0. The names say who fenced when a test fails.
 // Kokkos 4 and later also fence globally whenever they free HostSpace memory: kshard's host
-// copies avoid that (detail/host_copy.hpp), but on a host backend the matrix's own memory
+// copies avoid that (kernels/host_copy.hpp), but on a host backend the matrix's own memory
 // space is HostSpace, and the scratch an operation frees there fences in Kokkos itself.
 class GlobalFences {
  public:

@@ -19,7 +19,7 @@
 #include <type_traits>
 
 #include "block_cyclic.hpp"
-#include "kshard/comm_stats.hpp"
+#include "kshard/comm/stats.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/redistribute.hpp"
 #include "kshard_test.hpp"

@@ -20,7 +20,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kshard/comm_stats.hpp"
+#include "kshard/comm/stats.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/repair.hpp"
 #include "kshard_test.hpp"

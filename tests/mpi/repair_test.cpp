@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "kshard/comm_stats.hpp"
+#include "kshard/comm/stats.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/repair.hpp"
 #include "kshard_test.hpp"

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "kshard/comm_stats.hpp"
+#include "kshard/comm/stats.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard_test.hpp"
 

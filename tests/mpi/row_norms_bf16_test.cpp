@@ -1,4 +1,4 @@
-// The bf16 row-norm kernel (detail/row_norms.hpp) against the scalar formula: every element
+// The bf16 row-norm kernel (kernels/row_norms.hpp) against the scalar formula: every element
 // widened to float, then to double, squared and summed in double. Every one of the 65536 bf16
 // bit patterns alone in a row gives exactly its square (subnormals, the largest finite values,
 // whose squares overflow float, infinities and NaNs included); rows of every length up to a few
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "kshard/bfloat16.hpp"
-#include "kshard/detail/row_norms.hpp"
+#include "kshard/kernels/row_norms.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/rowwise.hpp"
 #include "kshard_test.hpp"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "kshard/comm_stats.hpp"
+#include "kshard/comm/stats.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/format.hpp"
 #include "kshard/repair.hpp"

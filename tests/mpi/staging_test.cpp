@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "kshard/comm_stats.hpp"
-#include "kshard/detail/staging.hpp"
+#include "kshard/comm/stats.hpp"
+#include "kshard/comm/staging.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/redistribute.hpp"
 #include "kshard/rowwise.hpp"

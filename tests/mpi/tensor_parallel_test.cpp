@@ -17,7 +17,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kshard/comm_stats.hpp"
+#include "kshard/comm/stats.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/format.hpp"
 #include "kshard/tensor_parallel.hpp"

@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "kshard/detail/staging.hpp"
+#include "kshard/comm/staging.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/error.hpp"
 #include "kshard/mesh.hpp"

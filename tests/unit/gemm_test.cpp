@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "kshard/detail/gemm.hpp"
+#include "kshard/kernels/gemm.hpp"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "kshard/detail/host_copy.hpp"
+#include "kshard/kernels/host_copy.hpp"
 
 #if defined(__linux__)
 #include <sys/mman.h>

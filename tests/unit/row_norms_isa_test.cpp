@@ -1,4 +1,4 @@
-// The x86 forms of the bf16, f16 and fp32 row-norm kernels (detail/row_norms.hpp) against their
+// The x86 forms of the bf16, f16 and fp32 row-norm kernels (kernels/row_norms.hpp) against their
 // portable forms, bit for bit, each where this CPU runs it: for bf16 and f16 every bit pattern in
 // every position of rows of every length up to three blocks of 32 lanes, for all three random
 // rows mixing ordinary values of widely spread magnitudes (so that the order of the additions
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kshard/bfloat16.hpp"
-#include "kshard/detail/row_norms.hpp"
+#include "kshard/kernels/row_norms.hpp"
 #include "kshard/float16.hpp"
 
 namespace {

@@ -9,7 +9,7 @@
 //   - refuses counts an MPI int cannot hold, naming the operation,
 //   - counts its payload in comm_stats(),
 //   - opens a Kokkos Tools region "kshard::<operation>::<collective>".
-// The backend (comm/mpi_backend.hpp over detail/mpi.hpp) is the only other place that names
+// The backend (comm/mpi_backend.hpp over comm/mpi.hpp) is the only other place that names
 // MPI, besides Mesh construction and the MPI-IO of kshard::io. docs/design.md, section 11,
 // says what a second backend (NCCL) changes.
 
@@ -21,7 +21,7 @@
 
 #include <fmt/format.h>
 
-#include "kshard/detail/mpi.hpp"
+#include "kshard/comm/mpi.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/placement.hpp"
 

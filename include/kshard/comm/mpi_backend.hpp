@@ -3,7 +3,7 @@
 // The MPI backend of kshard's communication layer: the data collectives of comm::Group on
 // Kokkos views. MPI is ordered with the host, not with a stream, so each collective first
 // fences the instance that wrote its buffers (that instance only, once), or goes through host
-// copies made on that instance when MPI cannot read the views' memory (detail/staging.hpp). A
+// copies made on that instance when MPI cannot read the views' memory (comm/staging.hpp). A
 // backend is one struct with these static functions and a `Handle` made from the group's MPI
 // communicator; CMake's KSHARD_COMM_BACKEND picks the header (docs/design.md, section 11).
 
@@ -11,9 +11,9 @@
 
 #include <cstdint>
 
-#include "kshard/detail/mpi.hpp"
+#include "kshard/comm/mpi.hpp"
 #include "kshard/detail/operation.hpp"
-#include "kshard/detail/staging.hpp"
+#include "kshard/comm/staging.hpp"
 #include "kshard/placement.hpp"
 
 namespace kshard::comm {

@@ -28,4 +28,10 @@ void fence(const ExecSpace& space, const char* label) {
 #endif
 }
 
+// Whether `ExecSpace` runs on the host (its memory is host-accessible): the host and device
+// forms of a kernel are chosen by it.
+template <class ExecSpace>
+inline constexpr bool is_host_space_v =
+    Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+
 }  // namespace kshard::detail

@@ -27,7 +27,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "kshard/detail/agreement.hpp"
+#include "kshard/comm/agreement.hpp"
 #include "kshard/error.hpp"
 #include "kshard/io/safetensors.hpp"
 #include "kshard/mesh.hpp"

@@ -52,10 +52,10 @@
 #include <fmt/format.h>
 
 #include "kshard/bfloat16.hpp"
-#include "kshard/detail/agreement.hpp"
-#include "kshard/detail/common_kernels.hpp"
-#include "kshard/detail/host_copy.hpp"
-#include "kshard/detail/mpi.hpp"
+#include "kshard/comm/agreement.hpp"
+#include "kshard/kernels/copies.hpp"
+#include "kshard/kernels/host_copy.hpp"
+#include "kshard/comm/mpi.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"

@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "kshard/detail/mpi.hpp"
+#include "kshard/comm/mpi.hpp"
 #include "kshard/error.hpp"
 #include "kshard/index.hpp"
 #include "kshard/io/io_stats.hpp"

@@ -22,7 +22,7 @@
 
 #include "kshard/bfloat16.hpp"
 #include "kshard/comm/group.hpp"
-#include "kshard/comm_stats.hpp"
+#include "kshard/comm/stats.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/error.hpp"
 #include "kshard/float16.hpp"

@@ -11,6 +11,7 @@
 
 #include "kshard/bfloat16.hpp"
 #include "kshard/detail/int_limit.hpp"
+#include "kshard/detail/kokkos_compat.hpp"
 #include "kshard/float16.hpp"
 #include "kshard/index.hpp"
 
@@ -45,12 +46,9 @@ KOKKOS_INLINE_FUNCTION double squared(T x) {
   return v * v;
 }
 
-// Host execution spaces get a loop with independent accumulators per row (the latency of one
-// fp64 add chain caps a single-accumulator loop at a quarter of memory bandwidth); device spaces
-// get a team per row.
-template <class ExecSpace>
-inline constexpr bool is_host_space_v =
-    Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+// Host execution spaces (detail::is_host_space_v) get a loop with independent accumulators per
+// row (the latency of one fp64 add chain caps a single-accumulator loop at a quarter of memory
+// bandwidth); device spaces get a team per row.
 
 // bf16, f16 and fp32 rows on the host: one fp64 add chain per accumulator caps a core below the
 // memory's speed unless a row is spread over many, so the sum runs over 32 fp64 accumulators

@@ -5,7 +5,7 @@
 // collective on stderr and ends the job, instead of hanging forever. Off, the only cost is one
 // branch on a value cached at start-up.
 
-// Part of detail/mpi.hpp, which includes it after <mpi.h> (without the MPI C++ bindings).
+// Part of comm/mpi.hpp, which includes it after <mpi.h> (without the MPI C++ bindings).
 #include <mpi.h>
 
 #include <chrono>

@@ -2,8 +2,8 @@
 
 // The local GEMM through kokkos-kernels: KokkosBlas::gemm, which hands the product to the
 // vendor BLAS it was built with (its "TPL": a host BLAS, cuBLAS, rocBLAS). Included by
-// detail/gemm.hpp when kshard was configured with kokkos-kernels (KSHARD_HAVE_KOKKOS_KERNELS,
-// CMake option KSHARD_KOKKOS_KERNELS); detail/gemm.hpp keeps its own kernel for everything this
+// kernels/gemm.hpp when kshard was configured with kokkos-kernels (KSHARD_HAVE_KOKKOS_KERNELS,
+// CMake option KSHARD_KOKKOS_KERNELS); kernels/gemm.hpp keeps its own kernel for everything this
 // file does not take (see kokkos_kernels_gemm_v).
 //
 // Versions: Debian 12's Trilinos 13.2 ships kokkos-kernels 3.4 (no KOKKOSKERNELS_VERSION

@@ -4,7 +4,7 @@
 // - kokkos-kernels (when kshard was configured with it: KSHARD_HAVE_KOKKOS_KERNELS, CMake option
 //   KSHARD_KOKKOS_KERNELS): KokkosBlas::gemm, which runs the vendor BLAS (a host BLAS, cuBLAS,
 //   rocBLAS) for float and double views of one layout (LayoutRight or LayoutLeft) in a memory
-//   space it has a BLAS for (detail/gemm_kokkos_kernels.hpp). GPU builds require it.
+//   space it has a BLAS for (kernels/gemm_kokkos_kernels.hpp). GPU builds require it.
 // - kshard's own GEMM, below, for everything else (no kokkos-kernels, bf16 and other types, mixed
 //   or strided layouts, operands past the BLAS's int range): a portable, cache- and
 //   register-blocked Kokkos kernel, written once for every backend.
@@ -36,7 +36,7 @@
 #include "kshard/index.hpp"
 
 #if defined(KSHARD_HAVE_KOKKOS_KERNELS)
-#include "kshard/detail/gemm_kokkos_kernels.hpp"
+#include "kshard/kernels/gemm_kokkos_kernels.hpp"
 #endif
 
 // Complete unrolling of the constant-bound tile loops, requested before the loop vectoriser

@@ -12,8 +12,9 @@
 #include <cstring>
 #include <vector>
 
-#include "kshard/detail/common_kernels.hpp"
-#include "kshard/detail/redistribute_plan.hpp"
+#include "kshard/detail/kokkos_compat.hpp"
+#include "kshard/kernels/copies.hpp"
+#include "kshard/redistribute/plan.hpp"
 #include "kshard/index.hpp"
 
 namespace kshard::detail {

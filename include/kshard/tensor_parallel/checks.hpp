@@ -15,14 +15,23 @@
 
 #include <fmt/format.h>
 
-#include "kshard/detail/agreement.hpp"
-#include "kshard/detail/mpi.hpp"
+#include "kshard/comm/agreement.hpp"
+#include "kshard/comm/mpi.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
 #include "kshard/format.hpp"
 #include "kshard/mesh.hpp"
 
 namespace kshard::detail {
+
+// Why `id` is not a row of a vocabulary of `vocab` rows (ids do not wrap here).
+inline std::optional<std::string> id_range_problem(index_t id, index_t vocab, const char* who,
+                                                   std::string_view what = "token id") {
+  if (id >= 0 && id < vocab) return std::nullopt;
+  return fmt::format(
+      "kshard::{}: {} {} is out of range for a vocabulary of {} rows (valid: 0 <= id < {})", who,
+      what, id, vocab, vocab);
+}
 
 // Number of mesh dimensions of layout L that split some tensor dimension.
 template <class L>

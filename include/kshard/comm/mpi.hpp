@@ -1,7 +1,7 @@
 #pragma once
 
 // The thin layer between kshard and MPI: return-code checks, datatypes, an owning
-// communicator handle and the collectives (detail/agreement.hpp builds the argument agreement
+// communicator handle and the collectives (comm/agreement.hpp builds the argument agreement
 // on them). Algorithms call these, never MPI directly.
 
 #ifndef OMPI_SKIP_MPICXX
@@ -22,10 +22,10 @@
 
 #include <fmt/format.h>
 
-#include "kshard/comm_stats.hpp"
+#include "kshard/comm/stats.hpp"
 #include "kshard/detail/int_limit.hpp"
 #include "kshard/detail/operation.hpp"
-#include "kshard/detail/watchdog.hpp"
+#include "kshard/comm/watchdog.hpp"
 #include "kshard/error.hpp"
 
 namespace kshard::detail {
