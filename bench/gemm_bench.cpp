@@ -202,7 +202,7 @@ void column_parallel(kshard::bench::Report& report, MPI_Comm comm, index_t token
   const Mat x = make("bench::x", tokens, in, 3);
   Mat y;
   const double t = kshard::bench::time_collective(comm, options.repetitions, [&] {
-    y = kshard::column_parallel_linear(weight, x, 0);
+    y = kshard::column_parallel_linear(weight, x, kshard::no_bias, kshard::TpDim{0});
     Kokkos::fence();
   });
   const double flops =

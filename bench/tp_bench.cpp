@@ -114,7 +114,7 @@ void run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t voc
   const int reps = options.repetitions;
 
   kshard::reset_comm_stats();
-  Out result = kshard::vocab_parallel_lookup(table, ids, 0);
+  Out result = kshard::vocab_parallel_lookup(table, ids, kshard::TpDim{0});
   Kokkos::fence();
   const auto bytes = kshard::comm_stats().bytes_sent;
 
@@ -122,7 +122,7 @@ void run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t voc
   Out plain("bench::plain", static_cast<std::size_t>(n), static_cast<std::size_t>(hidden));
   Out reused("bench::reused", static_cast<std::size_t>(n), static_cast<std::size_t>(hidden));
   const auto lookup = [&] {
-    kshard::vocab_parallel_lookup(table, ids, reused, 0);
+    kshard::vocab_parallel_lookup(table, ids, reused, kshard::TpDim{0});
     Kokkos::fence();
   };
   const auto t = kshard::bench::time_paired(comm, reps, lookup,
@@ -137,7 +137,7 @@ void run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t voc
   const auto t_fresh = kshard::bench::time_paired(
       comm, reps,
       [&] {
-        result = kshard::vocab_parallel_lookup(table, ids, 0);
+        result = kshard::vocab_parallel_lookup(table, ids, kshard::TpDim{0});
         Kokkos::fence();
       },
       [&] { plain_lookup(table, ids, plain, comm); });

@@ -206,9 +206,10 @@ int main(int argc, char** argv) {
     const Kokkos::DefaultExecutionSpace space;
     kshard::reset_comm_stats();
     // tp_dim is inferred: the one mesh dimension that splits the table's rows (or the weight's
-    // input or output features).
+    // input or output features); given, it is a kshard::TpDim, as for the second table.
     const auto e = kshard::vocab_parallel_lookup(space, tok, ids, scale);
-    const auto p = kshard::vocab_parallel_lookup(space, per_layer, ids, scale);
+    const auto p =
+        kshard::vocab_parallel_lookup(space, per_layer, ids, kshard::TpDim{tp_dim}, scale);
     const auto lookup_stats = kshard::comm_stats();
     Device h0("h0", u(tokens), u(hidden));
     Kokkos::parallel_for(
@@ -252,13 +253,15 @@ int main(int argc, char** argv) {
     kshard::vocab_parallel_lookup_backward(space, g_per_layer, ids, g_p, scale);
     const auto silent_lookup_backward =
         kshard::comm_stats().collectives == 0 && kshard::comm_stats().agreements == 0;
-    // Data-parallel gradient sync: every gradient summed over dp.
-    kshard::reduce_from_tp(space, mesh, dp_dim, g_tok.local());
-    kshard::reduce_from_tp(space, mesh, dp_dim, g_per_layer.local());
-    kshard::reduce_from_tp(space, mesh, dp_dim, g_w_up.local());
-    kshard::reduce_from_tp(space, mesh, dp_dim, g_w_down.local());
-    kshard::reduce_from_tp(space, mesh, dp_dim, g_b_up.local());
-    kshard::reduce_from_tp(space, mesh, dp_dim, g_b_down.local());
+    // Data-parallel gradient sync: every gradient summed over dp (reduce_from_tp's SUM along
+    // the mesh dimension it is given).
+    const kshard::TpDim over_dp{dp_dim};
+    kshard::reduce_from_tp(space, mesh, over_dp, g_tok.local());
+    kshard::reduce_from_tp(space, mesh, over_dp, g_per_layer.local());
+    kshard::reduce_from_tp(space, mesh, over_dp, g_w_up.local());
+    kshard::reduce_from_tp(space, mesh, over_dp, g_w_down.local());
+    kshard::reduce_from_tp(space, mesh, over_dp, g_b_up.local());
+    kshard::reduce_from_tp(space, mesh, over_dp, g_b_down.local());
 
     // ---- serial reference: every dp group's batch, gradients summed
     Matrix want_h1;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kshard/detail/element.hpp"
 #include "kshard/detail/kokkos_compat.hpp"
 #include "kshard/detail/macros.hpp"
 
@@ -59,5 +60,12 @@ static_assert(sizeof(bf16) == 2 && std::is_trivially_copyable_v<bf16>,
 /// double for double (the spec's "fp32, or the element type if wider").
 template <class T>
 using compute_type_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+namespace detail {
+template <>
+struct ElementOf<bf16> {
+  static constexpr ElementCode code = ElementCode::bf16;
+};
+}  // namespace detail
 
 }  // namespace kshard

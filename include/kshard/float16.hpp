@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kshard/detail/element.hpp"
 #include "kshard/detail/macros.hpp"
 
 namespace kshard {
@@ -79,5 +80,12 @@ using f16 = float16;
 
 static_assert(sizeof(f16) == 2 && std::is_trivially_copyable_v<f16>,
               "kshard::f16 must be 16-bit trivially copyable storage");
+
+namespace detail {
+template <>
+struct ElementOf<f16> {
+  static constexpr ElementCode code = ElementCode::f16;
+};
+}  // namespace detail
 
 }  // namespace kshard

@@ -26,6 +26,7 @@
 #include "kshard/comm/agreement.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/float16.hpp"
+#include "kshard/layout_dispatch.hpp"
 #include "kshard/layout_mapping.hpp"
 #include "kshard/mesh.hpp"
 #include "kshard/placement.hpp"
@@ -39,18 +40,8 @@ struct plain_formatter {
 
 template <class T>
 constexpr std::string_view element_name() {
-  if constexpr (std::is_same_v<T, float>)
-    return "float";
-  else if constexpr (std::is_same_v<T, double>)
-    return "double";
-  else if constexpr (std::is_same_v<T, std::int32_t>)
-    return "int32";
-  else if constexpr (std::is_same_v<T, std::int64_t>)
-    return "int64";
-  else if constexpr (std::is_same_v<T, bf16>)
-    return "bf16";
-  else if constexpr (std::is_same_v<T, f16>)
-    return "f16";
+  if constexpr (TableElement<T>)
+    return element_info<T>().name;
   else
     return "T";
 }
@@ -75,6 +66,77 @@ std::vector<index_t> block_bounds(const std::vector<LayoutMapping<N>>& maps, int
   return bounds;
 }
 
+// The coordinates of every rank of a mesh of `shape`, in rank order.
+template <std::size_t N>
+std::vector<std::array<int, N>> all_coordinates(const std::array<int, N>& shape) {
+  int size = 1;
+  for (int e : shape) size *= e;
+  std::vector<std::array<int, N>> coords;
+  for (int r = 0; r < size; ++r) coords.push_back(mesh_coords(shape, r));
+  return coords;
+}
+
+// Coordinates as the picture prints them: "(0,1)".
+template <std::size_t N>
+std::string coordinates_text(const std::array<int, N>& coords) {
+  return fmt::format("({})", fmt::join(coords, ","));
+}
+
+// The labels of the blocks between consecutive `bounds` of one axis: "rows 0-3", "cols 4".
+inline std::vector<std::string> block_labels(std::string_view axis,
+                                             const std::vector<index_t>& bounds) {
+  std::vector<std::string> labels;
+  for (std::size_t i = 0; i + 1 < bounds.size(); ++i)
+    labels.push_back(fmt::format("{} {}", axis, index_range(bounds[i], bounds[i + 1])));
+  return labels;
+}
+
+// The text of each block, row-major: the coordinates holding it, "(0,1) (1,1)".
+template <std::size_t N>
+std::vector<std::string> holder_cells(const std::vector<LayoutMapping<N>>& maps,
+                                      const std::vector<std::array<int, N>>& coords,
+                                      const std::vector<index_t>& row_bounds,
+                                      const std::vector<index_t>& col_bounds) {
+  std::vector<std::string> cells;
+  for (std::size_t i = 0; i + 1 < row_bounds.size(); ++i)
+    for (std::size_t j = 0; j + 1 < col_bounds.size(); ++j) {
+      std::vector<std::string> holders;
+      for (std::size_t r = 0; r < maps.size(); ++r)
+        if (maps[r].rows.is_local(row_bounds[i]) && maps[r].cols.is_local(col_bounds[j]))
+          holders.push_back(coordinates_text(coords[r]));
+      cells.push_back(fmt::format("{}", fmt::join(holders, " ")));
+    }
+  return cells;
+}
+
+// The length of the longest of `texts`, at least `least`.
+inline std::size_t widest(const std::vector<std::string>& texts, std::size_t least) {
+  for (const std::string& text : texts) least = std::max(least, text.size());
+  return least;
+}
+
+// The table of the blocks: a line of column labels, then a line per row of blocks (`cells`,
+// row-major), each ruled below.
+inline std::string block_table(const std::vector<std::string>& row_labels,
+                               const std::vector<std::string>& col_labels,
+                               const std::vector<std::string>& cells) {
+  const std::size_t width = std::max(widest(cells, 4), widest(col_labels, 0));
+  const std::size_t label_width = widest(row_labels, 0);
+  const std::size_t ncols = col_labels.size();
+  std::string rule = fmt::format("{:{}}+", "", label_width + 1);
+  for (std::size_t j = 0; j < ncols; ++j) rule += std::string(width + 2, '-') + "+";
+  std::string out(label_width + 2, ' ');
+  for (const std::string& label : col_labels) out += fmt::format(" {:<{}} ", label, width + 1);
+  out += "\n" + rule + "\n";
+  for (std::size_t i = 0; i < row_labels.size(); ++i) {
+    out += fmt::format("{:<{}} |", row_labels[i], label_width);
+    for (std::size_t j = 0; j < ncols; ++j)
+      out += fmt::format(" {:<{}} |", cells[i * ncols + j], width);
+    out += "\n" + rule + "\n";
+  }
+  return out;
+}
+
 }  // namespace kshard::detail
 
 namespace kshard {
@@ -89,61 +151,20 @@ std::string sharding_picture(const L& layout, const std::array<int, N>& mesh_sha
                              const std::array<std::string, N>& mesh_names, index_t rows,
                              index_t cols) {
   static_assert(L::rank == N, "kshard::sharding_picture: layout length differs from mesh rank");
-  int size = 1;
-  for (int e : mesh_shape) size *= e;
-  std::vector<std::array<int, N>> coords(static_cast<std::size_t>(size));
+  const auto coords = detail::all_coordinates(mesh_shape);
   std::vector<LayoutMapping<N>> maps;
-  for (int r = 0; r < size; ++r) {
-    auto& c = coords[static_cast<std::size_t>(r)];
-    for (std::size_t m = N, rest = static_cast<std::size_t>(r); m-- > 0;) {
-      c[m] = static_cast<int>(rest % static_cast<std::size_t>(mesh_shape[m]));
-      rest /= static_cast<std::size_t>(mesh_shape[m]);
-    }
+  std::vector<std::string> empty;
+  for (const auto& c : coords) {
     maps.push_back(map_layout(layout.actions(), mesh_shape, c, rows, cols));
+    if (maps.back().local_size() == 0) empty.push_back(detail::coordinates_text(c));
   }
   const auto row_bounds = detail::block_bounds(maps, 0, rows, picture_max_blocks);
   const auto col_bounds = detail::block_bounds(maps, 1, cols, picture_max_blocks);
-
-  // Cell text: the holders' coordinates, "(0,1) (1,1)".
-  std::vector<std::string> cells;
-  std::size_t width = 4;
-  for (std::size_t i = 0; i + 1 < row_bounds.size(); ++i)
-    for (std::size_t j = 0; j + 1 < col_bounds.size(); ++j) {
-      std::vector<std::string> holders;
-      for (std::size_t r = 0; r < maps.size(); ++r)
-        if (maps[r].rows.is_local(row_bounds[i]) && maps[r].cols.is_local(col_bounds[j]))
-          holders.push_back(fmt::format("({})", fmt::join(coords[r], ",")));
-      cells.push_back(fmt::format("{}", fmt::join(holders, " ")));
-      width = std::max(width, cells.back().size());
-    }
-  std::vector<std::string> row_labels;
-  std::size_t label_width = 0;
-  for (std::size_t i = 0; i + 1 < row_bounds.size(); ++i) {
-    row_labels.push_back("rows " + detail::index_range(row_bounds[i], row_bounds[i + 1]));
-    label_width = std::max(label_width, row_labels.back().size());
-  }
-  for (std::size_t j = 0; j + 1 < col_bounds.size(); ++j)
-    width = std::max(width, 5 + detail::index_range(col_bounds[j], col_bounds[j + 1]).size());
-
   std::string out = fmt::format("{} x {} matrix, cells list mesh coordinates ({})\n", rows, cols,
                                 fmt::join(mesh_names, ", "));
-  const std::size_t ncols = col_bounds.size() - 1;
-  std::string rule = fmt::format("{:{}}+", "", label_width + 1);
-  for (std::size_t j = 0; j < ncols; ++j) rule += std::string(width + 2, '-') + "+";
-  out += std::string(label_width + 2, ' ');
-  for (std::size_t j = 0; j < ncols; ++j)
-    out += fmt::format(" {:<{}} ", "cols " + detail::index_range(col_bounds[j], col_bounds[j + 1]),
-                       width + 1);
-  out += "\n" + rule + "\n";
-  for (std::size_t i = 0; i < row_labels.size(); ++i) {
-    out += fmt::format("{:<{}} |", row_labels[i], label_width);
-    for (std::size_t j = 0; j < ncols; ++j)
-      out += fmt::format(" {:<{}} |", cells[i * ncols + j], width);
-    out += "\n" + rule + "\n";
-  }
-  std::vector<std::string> empty;
-  for (std::size_t r = 0; r < maps.size(); ++r)
-    if (maps[r].local_size() == 0) empty.push_back(fmt::format("({})", fmt::join(coords[r], ",")));
+  out += detail::block_table(detail::block_labels("rows", row_bounds),
+                             detail::block_labels("cols", col_bounds),
+                             detail::holder_cells(maps, coords, row_bounds, col_bounds));
   if (!empty.empty() && rows * cols > 0)
     out += fmt::format("empty shards: {}\n", fmt::join(empty, " "));
   if (row_bounds.back() < rows || col_bounds.back() < cols)
@@ -165,7 +186,7 @@ template <>
 struct fmt::formatter<kshard::Replicate> : kshard::detail::plain_formatter {
   template <class Ctx>
   auto format(const kshard::Replicate&, Ctx& ctx) const {
-    return fmt::format_to(ctx.out(), "Replicate()");
+    return fmt::format_to(ctx.out(), "{}", kshard::to_string(kshard::PlacementSpec{}));
   }
 };
 
@@ -173,7 +194,7 @@ template <int D>
 struct fmt::formatter<kshard::Shard<D>> : kshard::detail::plain_formatter {
   template <class Ctx>
   auto format(const kshard::Shard<D>&, Ctx& ctx) const {
-    return fmt::format_to(ctx.out(), "Shard({})", D);
+    return fmt::format_to(ctx.out(), "{}", kshard::to_string({kshard::PlacementKind::shard, D}));
   }
 };
 
@@ -181,7 +202,9 @@ template <int D>
 struct fmt::formatter<kshard::StridedShard<D>> : kshard::detail::plain_formatter {
   template <class Ctx>
   auto format(const kshard::StridedShard<D>& p, Ctx& ctx) const {
-    return fmt::format_to(ctx.out(), "StridedShard({}, sf={})", D, p.split_factor());
+    return fmt::format_to(
+        ctx.out(), "{}",
+        kshard::to_string({kshard::PlacementKind::strided_shard, D, p.split_factor()}));
   }
 };
 
@@ -189,7 +212,8 @@ template <kshard::ReduceOp Op>
 struct fmt::formatter<kshard::Partial<Op>> : kshard::detail::plain_formatter {
   template <class Ctx>
   auto format(const kshard::Partial<Op>&, Ctx& ctx) const {
-    return fmt::format_to(ctx.out(), "Partial({})", kshard::to_string(Op));
+    return fmt::format_to(ctx.out(), "{}",
+                          kshard::to_string({kshard::PlacementKind::partial, -1, 1, Op}));
   }
 };
 

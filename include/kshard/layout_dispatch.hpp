@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -53,22 +54,34 @@ struct PlacementSpec {
   friend constexpr bool operator==(const PlacementSpec&, const PlacementSpec&) = default;
 };
 
-/// The spelling kshard prints for the placement (`fmt::format("{}", placement)` of the matching
-/// placement type): `Replicate()`, `Shard(0)`, `StridedShard(0, sf=2)` or `Partial(sum)`.
-inline std::string to_string(const PlacementSpec& spec) {
-  switch (spec.kind) {
+namespace detail {
+
+// The one spelling of a placement, as DTensor prints it; the split factor is left out where the
+// caller does not know it (an agreement compares it as a value of its own).
+inline std::string placement_text(PlacementKind kind, int tensor_dim,
+                                  std::optional<index_t> split_factor, ReduceOp op) {
+  switch (kind) {
     case PlacementKind::replicate:
       return "Replicate()";
     case PlacementKind::shard:
-      return fmt::format("Shard({})", spec.tensor_dim);
+      return fmt::format("Shard({})", tensor_dim);
     case PlacementKind::strided_shard:
-      return fmt::format("StridedShard({}, sf={})", spec.tensor_dim, spec.split_factor);
+      return split_factor ? fmt::format("StridedShard({}, sf={})", tensor_dim, *split_factor)
+                          : fmt::format("StridedShard({})", tensor_dim);
     case PlacementKind::partial:
-      return fmt::format("Partial({})", to_string(spec.op));
+      return fmt::format("Partial({})", to_string(op));
     case PlacementKind::custom:  // not parsed: a custom placement has its own spelling
-      return fmt::format("a custom placement of dimension {}", spec.tensor_dim);
+      return fmt::format("a custom placement of dimension {}", tensor_dim);
   }
   return "?";
+}
+
+}  // namespace detail
+
+/// The spelling kshard prints for the placement (`fmt::format("{}", placement)` of the matching
+/// placement type): `Replicate()`, `Shard(0)`, `StridedShard(0, sf=2)` or `Partial(sum)`.
+inline std::string to_string(const PlacementSpec& spec) {
+  return detail::placement_text(spec.kind, spec.tensor_dim, spec.split_factor, spec.op);
 }
 
 }  // namespace kshard

@@ -162,6 +162,18 @@ struct LayoutMapping<N, 2> {
   }
 };
 
+/// The coordinates of linear rank `rank` on a mesh of `shape`: row-major, the last mesh
+/// dimension fastest, as `Mesh` numbers its ranks.
+template <std::size_t N>
+constexpr std::array<int, N> mesh_coords(const std::array<int, N>& shape, int rank) {
+  std::array<int, N> coords{};
+  for (std::size_t m = N; m-- > 0;) {
+    coords[m] = rank % shape[m];
+    rank /= shape[m];
+  }
+  return coords;
+}
+
 /// The mapping of a tensor of `extents` for mesh coordinate `coord` on a mesh of `shape`,
 /// where mesh dimension m acts as `actions[m]` (its split rule cuts what the dimensions
 /// before it left). Split factors must be > 0 (matrices check); a mesh dimension that splits

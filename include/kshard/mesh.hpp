@@ -22,11 +22,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (moved here in fmt 11)
 
-#include "kshard/comm/group.hpp"
 #include "kshard/comm/agreement.hpp"
+#include "kshard/comm/group.hpp"
 #include "kshard/comm/mpi.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/error.hpp"
+#include "kshard/layout_mapping.hpp"
 
 namespace kshard {
 
@@ -225,12 +226,7 @@ class Mesh {
 
   /// Coordinates of `rank` (row-major).
   [[nodiscard]] std::array<int, N> coords_of(int rank) const {
-    std::array<int, N> c{};
-    for (std::size_t m = N; m-- > 0;) {
-      c[m] = rank % state_->shape[m];
-      rank /= state_->shape[m];
-    }
-    return c;
+    return mesh_coords(state_->shape, rank);
   }
 
   /// Rank at coordinates `c` (row-major).

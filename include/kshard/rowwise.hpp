@@ -16,9 +16,9 @@
 #include "kshard/bfloat16.hpp"
 #include "kshard/comm/agreement.hpp"
 #include "kshard/detail/operation.hpp"
-#include "kshard/kernels/row_norms.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
+#include "kshard/kernels/row_norms.hpp"
 
 namespace kshard {
 

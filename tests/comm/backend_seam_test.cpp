@@ -22,6 +22,23 @@ using kshard::test::reference_matrix;
 
 static_assert(std::is_same_v<kshard::comm::Backend, kshard::comm::CountingBackend>);
 
+// The concept names what a backend lacks: a backend without reduce_scatter is not one.
+struct MissingReduceScatter {
+  using Handle = MPI_Comm;
+  static Handle make_handle(MPI_Comm comm) { return comm; }
+  template <class... Args>
+  static void allreduce(Args&&...) {}
+  template <class... Args>
+  static void bcast(Args&&...) {}
+  template <class... Args>
+  static void allgatherv(Args&&...) {}
+  template <class... Args>
+  static void alltoallv(Args&&...) {}
+};
+static_assert(kshard::comm::CommBackend<kshard::comm::CountingBackend>);
+static_assert(kshard::comm::CommBackend<kshard::comm::MpiBackend>);
+static_assert(!kshard::comm::CommBackend<MissingReduceScatter>);
+
 TEST(BackendSeam, RowNormsAndRedistributeUseTheConfiguredBackend) {
   const kshard::Mesh<1> mesh(MPI_COMM_WORLD, {kshard::test::world_size()});
   const auto full = reference_matrix<double>(10, 9, 81);

@@ -1,5 +1,6 @@
 // tp_dim cannot be inferred when two mesh dimensions shard the weight's output features: the
-// column-parallel layer without a tp_dim must not compile.
+// column-parallel layer without a kshard::TpDim must not compile (nor with one: a tensor-parallel
+// layer needs exactly one splitting mesh dimension, so a TpDim cannot settle it).
 #include <kshard/kshard.hpp>
 
 #ifdef KSHARD_COMPILE_FAIL

@@ -1,5 +1,5 @@
 // tp_dim cannot be inferred when no mesh dimension shards the table's rows (a row-parallel
-// weight's layout): the lookup without a tp_dim must not compile.
+// weight's layout): the lookup without a kshard::TpDim must not compile.
 #include <kshard/kshard.hpp>
 
 #ifdef KSHARD_COMPILE_FAIL

@@ -21,6 +21,7 @@
 
 #include "entry_points.hpp"
 #include "kshard/io/checkpoint.hpp"
+#include "kshard/io/checkpoint_folder.hpp"
 #include "kshard/io/safetensors.hpp"
 #include "kshard_test.hpp"
 #include "safetensors_mpi_support.hpp"
@@ -142,31 +143,51 @@ std::vector<Case> update_cases(const Files& files, Write write) {
   return cases;
 }
 
-std::vector<Case> write_cases(const Files& files) {
-  const io::SafetensorsFile source(meshes().usual, files.checkpoint);
+// A write of a new file or checkpoint, `write(mesh, output, updates)`: its matrix changed by
+// the generator, then the output path (`output_phrase` names it) and the tensor name.
+template <class Write>
+std::vector<Case> new_file_cases(const Files& files, const std::string& output_phrase,
+                                 Write write) {
   const auto weight =
       Distribute{}(Type<float>{}, meshes().usual, Layout(Replicate{}, Shard<0>{}), 6, 4);
   const Watched unchanged = files_unchanged(files);
   return joined(
       update_cases(files,
-                   [source, output = files.output](const auto& m) {
-                     io::write_safetensors(m.mesh(), source, output, {io::replace("weight", m)});
+                   [write, output = files.output](const auto& m) {
+                     write(m.mesh(), output, {io::replace("weight", m)});
                    }),
-      std::vector{value_case("output path", "the output file differs",
+      std::vector{value_case("output path", output_phrase,
                              [=](bool here) {
-                               io::write_safetensors(meshes().usual, source,
-                                                     here ? files.copy : files.output,
-                                                     {io::replace("weight", weight)});
+                               write(meshes().usual, here ? files.copy : files.output,
+                                     {io::replace("weight", weight)});
                              },
                              {unchanged}),
                   or_finding(value_case("tensor name", "the name of a tensor to replace differs",
                                         [=](bool here) {
-                                          io::write_safetensors(
-                                              meshes().usual, source, files.output,
-                                              {io::replace(here ? "twin" : "weight", weight)});
+                                          write(meshes().usual, files.output,
+                                                {io::replace(here ? "twin" : "weight", weight)});
                                         },
                                         {unchanged}),
                              "is F32 [2, 2], but the matrix replacing it is")});
+}
+
+std::vector<Case> write_cases(const Files& files) {
+  const io::SafetensorsFile source(meshes().usual, files.checkpoint);
+  return new_file_cases(files, "the output file differs",
+                        [source](const Mesh2& mesh, const fs::path& output,
+                                 const std::vector<io::TensorUpdate>& updates) {
+                          io::write_safetensors(mesh, source, output, updates);
+                        });
+}
+
+// write_checkpoint writes a whole checkpoint, here the single file.
+std::vector<Case> write_checkpoint_cases(const Files& files) {
+  const io::Checkpoint model(meshes().usual, files.checkpoint);
+  return new_file_cases(files, "the output path differs",
+                        [model](const Mesh2& mesh, const fs::path& output,
+                                const std::vector<io::TensorUpdate>& updates) {
+                          io::write_checkpoint(mesh, model, output, updates);
+                        });
 }
 
 std::vector<Case> in_place_cases(const Files& files) {
@@ -211,6 +232,25 @@ std::vector<Case> undo_cases(const Files& files) {
       {files_unchanged(files)})};
 }
 
+// The checkpoint an undo or a hash is of, another one on one rank.
+template <class Call>
+std::vector<Case> checkpoint_argument_cases(const Files& files, Call call) {
+  const io::Checkpoint model(meshes().usual, files.checkpoint);
+  const io::Checkpoint copy(meshes().usual, files.copy);
+  return {value_case("checkpoint", "the checkpoint path differs",
+                     [=](bool here) { call(here ? copy : model); }, {files_unchanged(files)})};
+}
+
+std::vector<Case> undo_checkpoint_cases(const Files& files) {
+  return checkpoint_argument_cases(
+      files, [](const io::Checkpoint& c) { (void)io::undo_checkpoint(meshes().usual, c); });
+}
+
+std::vector<Case> tensor_hashes_cases(const Files& files) {
+  return checkpoint_argument_cases(
+      files, [](const io::Checkpoint& c) { (void)io::tensor_hashes(meshes().usual, c); });
+}
+
 std::vector<EntryPoint> entry_points(const Files& files) {
   const auto with = [&files](auto cases) { return [&files, cases] { return cases(files); }; };
   return {{"io::SafetensorsFile", Kind::agreed, with(open_cases)},
@@ -219,7 +259,10 @@ std::vector<EntryPoint> entry_points(const Files& files) {
           {"io::read_into", Kind::agreed, with(read_into_cases)},
           {"io::write_safetensors", Kind::agreed, with(write_cases)},
           {"io::write_rows_in_place", Kind::agreed, with(in_place_cases)},
-          {"io::undo_in_place", Kind::agreed, with(undo_cases)}};
+          {"io::undo_in_place", Kind::agreed, with(undo_cases)},
+          {"io::write_checkpoint", Kind::agreed, with(write_checkpoint_cases)},
+          {"io::undo_checkpoint", Kind::agreed, with(undo_checkpoint_cases)},
+          {"io::tensor_hashes", Kind::agreed, with(tensor_hashes_cases)}};
 }
 
 TEST(IoEntryPoints, TableCoversTheHeaders) {

@@ -111,7 +111,7 @@ Image small_checkpoint(std::uint64_t seed) {
 }
 
 fs::path same(const fs::path& p) { return p; }
-fs::path temporary(const fs::path& p) { return io::detail::partial_path(p); }
+fs::path temporary(const fs::path& p) { return kshard::detail::partial_path(p); }
 
 // write_safetensors and write_rows_in_place against the output (undo file) and its temporary.
 int library_writes(const kshard::Mesh<1>& line, const Scratch& scratch) {
@@ -259,8 +259,8 @@ TEST(PathClash, RemovesOnlyItsOwnTemporaries) {
   const io::SafetensorsFile file(line, path);
   const auto matrix = io::read_matrix<float, ExecSpace, MemSpace>(
       file, "weight", line, kshard::Layout(kshard::Shard<0>{}));
-  Image leftover(io::detail::temporary_marker.size());
-  std::memcpy(leftover.data(), io::detail::temporary_marker.data(), leftover.size());
+  Image leftover(kshard::detail::temporary_marker.size());
+  std::memcpy(leftover.data(), kshard::detail::temporary_marker.data(), leftover.size());
   leftover.resize(100, std::byte{7});  // a killed run's: the marker, then anything
   const Image foreign = small_checkpoint(12);
   const fs::path out = scratch / "out.safetensors";
@@ -273,7 +273,7 @@ TEST(PathClash, RemovesOnlyItsOwnTemporaries) {
   };
   for (const auto& [target, write] : {std::pair{out, std::function<void()>(write_out)},
                                       std::pair{undo, std::function<void()>(in_place)}}) {
-    const fs::path partial = io::detail::partial_path(target);
+    const fs::path partial = kshard::detail::partial_path(target);
     write_file(partial, foreign);
     const std::string message = kshard::test::collective_error(write);
     EXPECT_NE(message.find("'" + partial.string() +

@@ -95,7 +95,7 @@ TEST(SafetensorsHeader, SeveralDtypesSortedByOffset) {
 TEST(SafetensorsHeader, EveryDtype) {
   std::string json = "{";
   std::uint64_t offset = 0;
-  for (const auto& info : kshard::io::detail::dtype_table) {
+  for (const auto& info : kshard::detail::dtype_table) {
     const std::uint64_t end = offset + 3 * info.size;
     json += (offset == 0 ? "\"" : ",\"") + std::string(info.name) + R"(":{"dtype":")" +
             std::string(info.name) + R"(","shape":[3],"data_offsets":[)" + std::to_string(offset) +
@@ -104,8 +104,8 @@ TEST(SafetensorsHeader, EveryDtype) {
   }
   json += "}";
   const SafetensorsHeader header = read_header(file_image(json, offset));
-  ASSERT_EQ(header.tensors.size(), kshard::io::detail::dtype_table.size());
-  for (const auto& info : kshard::io::detail::dtype_table) {
+  ASSERT_EQ(header.tensors.size(), kshard::detail::dtype_table.size());
+  for (const auto& info : kshard::detail::dtype_table) {
     const auto* tensor = header.find(info.name);
     ASSERT_NE(tensor, nullptr) << info.name;
     EXPECT_EQ(tensor->dtype, info.dtype);

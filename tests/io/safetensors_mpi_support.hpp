@@ -31,7 +31,7 @@ using kshard::test::ExecSpace;
 using kshard::test::MemSpace;
 
 // The marker each temporary file starts with until its length prefix replaces it.
-inline constexpr std::int64_t marker_bytes = io::detail::temporary_marker.size();
+inline constexpr std::int64_t marker_bytes = kshard::detail::temporary_marker.size();
 
 // A folder shared by the ranks (rank 0's name), emptied at the start and removed at the end.
 class Scratch {

@@ -62,7 +62,7 @@ std::int64_t first_copy_bytes(const M& matrix) {
 template <class M>
 std::int64_t row_block_bytes(const M& matrix) {
   const auto& mesh = matrix.mesh();
-  const auto blocks = kshard::map_layout(io::detail::row_blocks_t<M::mesh_rank>{}.actions(),
+  const auto blocks = kshard::map_layout(kshard::detail::row_blocks_t<M::mesh_rank>{}.actions(),
                                          mesh.shape(), mesh.coords(), matrix.rows(), matrix.cols());
   return blocks.local_size() * static_cast<std::int64_t>(sizeof(typename M::value_type));
 }
@@ -98,8 +98,8 @@ void round_trip(const Scratch& scratch, const kshard::Mesh<N>& mesh, const L& la
   // Every byte of the tensor is read once: a rank reads its first copies, or, where the layout
   // splits columns over more than one rank (pieces of every row), its block of whole rows.
   std::int64_t read = io::io_stats().bytes_read;
-  EXPECT_EQ(read, io::detail::holds_pieces_of_rows(matrix) ? row_block_bytes(matrix)
-                                                           : first_copy_bytes(matrix));
+  EXPECT_EQ(read, kshard::detail::holds_pieces_of_rows(matrix) ? row_block_bytes(matrix)
+                                                               : first_copy_bytes(matrix));
   MPI_Allreduce(MPI_IN_PLACE, &read, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
   EXPECT_EQ(read, rows * cols * static_cast<std::int64_t>(sizeof(T)));
 
@@ -117,7 +117,7 @@ void round_trip(const Scratch& scratch, const kshard::Mesh<N>& mesh, const L& la
       << "each byte once, and the temporary's marker";
   const auto expected = checkpoint_image(scaled);
   EXPECT_TRUE(kshard::test::all_ranks(read_file(target) == expected));
-  EXPECT_FALSE(fs::exists(io::detail::partial_path(target)));
+  EXPECT_FALSE(fs::exists(kshard::detail::partial_path(target)));
 }
 
 TEST(SafetensorsMpi, ReadsAndWritesEveryLayout) {
@@ -232,7 +232,7 @@ TEST(SafetensorsMpi, RefusesBadFilesAndRequestsAlike) {
         kshard::test::collective_error([&] { io::write_safetensors(line, file, to, updates); });
     EXPECT_NE(message.find(phrase), std::string::npos) << message;
     EXPECT_FALSE(fs::exists(to)) << to;
-    EXPECT_FALSE(fs::exists(io::detail::partial_path(to)));
+    EXPECT_FALSE(fs::exists(kshard::detail::partial_path(to)));
   };
   write_refused(target, {io::replace("weight", wide)}, "[6, 4], but the matrix replacing it");
   write_refused(target, {io::replace("nothing", matrix)}, "has no tensor 'nothing' to replace");

@@ -199,7 +199,7 @@ TEST(BadInput, TokenIds) {
                               [&](bool here) {
                                 Kokkos::View<std::int64_t*, MemSpace> ids("ids", 3);
                                 Kokkos::deep_copy(ids, here ? bad_id : 2);
-                                (void)kshard::vocab_parallel_lookup(tokens, ids, 1);
+                                (void)kshard::vocab_parallel_lookup(tokens, ids, kshard::TpDim{1});
                               });
   }
   // The backward does not communicate: a bad gradient shape throws where it is given.
@@ -208,7 +208,7 @@ TEST(BadInput, TokenIds) {
   expect_local_refusal("gradient shape", "vocab_parallel_lookup_backward", [&](bool here) {
     Kokkos::View<std::int64_t*, MemSpace> ids("ids", 3);
     Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> grad("grad", 3, here ? 5 : 4);
-    kshard::vocab_parallel_lookup_backward(grad_table, ids, grad, 1);
+    kshard::vocab_parallel_lookup_backward(grad_table, ids, grad, kshard::TpDim{1});
   });
 }
 
@@ -231,12 +231,16 @@ TEST(BadInput, TensorParallelArguments) {
 
   expect_collective_refusal(
       "tp_dim differs", {"does not shard tensor dimension 1 over mesh dimension 0"},
-      [&](bool here) { (void)kshard::row_parallel_linear(row_weight, x_local, here ? 0 : 1); },
+      [&](bool here) {
+        (void)kshard::row_parallel_linear(row_weight, x_local, kshard::no_bias,
+                                          kshard::TpDim{here ? 0 : 1});
+      },
       {watch(row_weight)});
   expect_collective_refusal("x_local width", {"x_local on rank"},
                             [&](bool here) {
                               (void)kshard::row_parallel_linear(
-                                  row_weight, here ? View("bad", 3, in_local + 1) : x_local, 1);
+                                  row_weight, here ? View("bad", 3, in_local + 1) : x_local,
+                                  kshard::no_bias, kshard::TpDim{1});
                             },
                             {watch(row_weight)});
 
@@ -247,7 +251,8 @@ TEST(BadInput, TensorParallelArguments) {
   expect_collective_refusal("gradient shape", {"grad_weight is 6 x 4 but the weight is 6 x 5"},
                             [&](bool here) {
                               (void)kshard::column_parallel_linear_backward(
-                                  column_weight, x, grad_y_local, here ? narrow : grad, 1);
+                                  column_weight, x, grad_y_local, here ? narrow : grad,
+                                  kshard::no_bias, kshard::TpDim{1});
                             },
                             {watch(column_weight), watch(grad), watch(narrow)});
   if (size > 1) {  // one rank has no other mesh shape
@@ -256,7 +261,8 @@ TEST(BadInput, TensorParallelArguments) {
     expect_collective_refusal("gradient on another mesh", {"not the same mesh"},
                               [&](bool here) {
                                 (void)kshard::column_parallel_linear_backward(
-                                    column_weight, x, grad_y_local, here ? elsewhere : grad, 1);
+                                    column_weight, x, grad_y_local, here ? elsewhere : grad,
+                                    kshard::no_bias, kshard::TpDim{1});
                               },
                               {watch(column_weight), watch(grad), watch(elsewhere)});
   }
@@ -265,7 +271,9 @@ TEST(BadInput, TensorParallelArguments) {
   Kokkos::View<std::int32_t*, MemSpace> ids("ids", 4);
   expect_collective_refusal(
       "lookup tp_dim differs", {"does not shard tensor dimension 0 over mesh dimension 0"},
-      [&](bool here) { (void)kshard::vocab_parallel_lookup(table, ids, here ? 0 : 1); },
+      [&](bool here) {
+        (void)kshard::vocab_parallel_lookup(table, ids, kshard::TpDim{here ? 0 : 1});
+      },
       {watch(table)});
 }
 

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "entry_points.hpp"
+#include "kshard/comm/agree.hpp"
 #include "kshard/kshard.hpp"
 #include "kshard_test.hpp"
 
@@ -289,7 +290,8 @@ std::vector<Case> lookup_cases() {
   const auto table = Distribute{}(Type<float>{}, meshes().usual, arg.layout, arg.rows, arg.cols);
   const std::vector<Watched> watched{watch_copy(table)};
   const auto lookup = [table](std::vector<std::int64_t> ids, std::size_t tp_dim, double scale) {
-    (void)kshard::vocab_parallel_lookup(table, ids_of(std::move(ids)), tp_dim, scale);
+    (void)kshard::vocab_parallel_lookup(table, ids_of(std::move(ids)), kshard::TpDim{tp_dim},
+                                        scale);
   };
   const std::size_t tp = tp_dim_of<decltype(table)>();
   return joined(
@@ -337,7 +339,8 @@ std::vector<Case> row_parallel_cases() {
   const auto forward = [](const auto& w, std::size_t tokens) {
     using W = std::remove_cvref_t<decltype(w)>;
     const auto in_local = static_cast<std::size_t>(w.mapping().cols.local_extent());
-    (void)kshard::row_parallel_linear(w, ViewOf<W>("x", tokens, in_local), tp_dim_of<W>());
+    (void)kshard::row_parallel_linear(w, ViewOf<W>("x", tokens, in_local), kshard::no_bias,
+                                      kshard::TpDim{tp_dim_of<W>()});
   };
   const auto weight = Distribute{}(Type<float>{}, meshes().usual, arg.layout, arg.rows, arg.cols);
   using W = decltype(weight);
@@ -353,18 +356,19 @@ std::vector<Case> row_parallel_cases() {
                                 [=](bool here) {
                                   const ViewOf<W> x("x", 3, in_local);
                                   if (here)
-                                    (void)kshard::row_parallel_linear(weight, x, tp_dim_of<W>());
+                                    (void)kshard::row_parallel_linear(
+                                        weight, x, kshard::no_bias, kshard::TpDim{tp_dim_of<W>()});
                                   else
-                                    (void)kshard::row_parallel_linear(weight, x, bias,
-                                                                      tp_dim_of<W>());
+                                    (void)kshard::row_parallel_linear(
+                                        weight, x, bias, kshard::TpDim{tp_dim_of<W>()});
                                 },
                                 watched),
                             value_case(
                                 "tp_dim", "does not shard tensor dimension",
                                 [=](bool here) {
                                   (void)kshard::row_parallel_linear(
-                                      weight, ViewOf<W>("x", 3, in_local),
-                                      here ? 1 - tp_dim_of<W>() : tp_dim_of<W>());
+                                      weight, ViewOf<W>("x", 3, in_local), kshard::no_bias,
+                                      kshard::TpDim{here ? 1 - tp_dim_of<W>() : tp_dim_of<W>()});
                                 },
                                 watched)});
 }
@@ -378,7 +382,7 @@ std::vector<Case> column_parallel_backward_cases() {
     const auto out_local = static_cast<std::size_t>(w.mapping().rows.local_extent());
     (void)kshard::column_parallel_linear_backward(
         w, ViewOf<W>("x", tokens, static_cast<std::size_t>(w.cols())),
-        ViewOf<W>("grad_y", tokens, out_local), w, tp_dim);
+        ViewOf<W>("grad_y", tokens, out_local), w, kshard::no_bias, kshard::TpDim{tp_dim});
   };
   const auto weight = Distribute{}(Type<float>{}, meshes().usual, arg.layout, arg.rows, arg.cols);
   using W = decltype(weight);
@@ -403,11 +407,11 @@ std::vector<Case> column_parallel_backward_cases() {
                         const ViewOf<W> x("x", 3, static_cast<std::size_t>(weight.cols()));
                         const ViewOf<W> grad_y("grad_y", 3, out_local);
                         if (here)
-                          (void)kshard::column_parallel_linear_backward(weight, x, grad_y, weight,
-                                                                        tp);
+                          (void)kshard::column_parallel_linear_backward(
+                              weight, x, grad_y, weight, kshard::no_bias, kshard::TpDim{tp});
                         else
-                          (void)kshard::column_parallel_linear_backward(weight, x, grad_y, weight,
-                                                                        grad_bias, tp);
+                          (void)kshard::column_parallel_linear_backward(
+                              weight, x, grad_y, weight, grad_bias, kshard::TpDim{tp});
                       },
                       watched)});
 }
@@ -422,7 +426,7 @@ std::vector<Case> reduce_from_tp_cases() {
     return static_cast<std::uint64_t>(host(0, 0) == 1.5 && host(2, 1) == 1.5);
   };
   const auto reduce = [](const Mesh2& mesh, std::size_t tp_dim, const auto& values) {
-    kshard::reduce_from_tp(mesh, tp_dim, values);
+    kshard::reduce_from_tp(mesh, kshard::TpDim{tp_dim}, values);
   };
   return {value_case("tp_dim", "tp_dim differs",
                      [=](bool here) { reduce(ms.usual, here ? 0 : 1, kept); }, {unchanged}),
@@ -489,6 +493,12 @@ std::vector<Case> dim_cases() {
                      [](bool here) { (void)meshes().usual.dim(here ? "pp" : "tp"); })};
 }
 
+std::vector<Case> arguments_cases() {
+  return {value_case("argument text", "--out differs between ranks", [](bool here) {
+    kshard::comm::agree_on_arguments(meshes().usual.group(), {{"--out", here ? "b" : "a"}});
+  })};
+}
+
 std::vector<EntryPoint> entry_points() {
   return {
       {"Mesh", Kind::agreed, mesh_cases},
@@ -510,6 +520,7 @@ std::vector<EntryPoint> entry_points() {
       {"row_parallel_linear", Kind::agreed, row_parallel_cases},
       {"column_parallel_linear_backward", Kind::agreed, column_parallel_backward_cases},
       {"reduce_from_tp", Kind::agreed, reduce_from_tp_cases},
+      {"comm::agree_on_arguments", Kind::agreed, arguments_cases},
   };
 }
 

@@ -180,7 +180,7 @@ TEST(Instance, LookupAndRepairFenceNothingGlobally) {
   // One table, no LM head: its own healthy rows' mean direction.
   const kshard::RepairConfig config(true, 1e-6, 16, kshard::RepairStrategy::mean_direction);
   const GlobalFences fences;
-  const auto looked_up = kshard::vocab_parallel_lookup(space, table, ids, 1);
+  const auto looked_up = kshard::vocab_parallel_lookup(space, table, ids, kshard::TpDim{1});
   const auto report = kshard::repair_embedding_rows(space, table, config);
   EXPECT_TRUE(all_ranks(report && report->repaired_row_ids == std::vector<index_t>{5}));
   EXPECT_TRUE(all_ranks(GlobalFences::names().empty())) << GlobalFences::list();

@@ -389,13 +389,13 @@ TEST(Mismatch, LookupIdsWithinATpGroup) {
         (void)kshard::vocab_parallel_lookup(table,
                                             ids_of(here ? std::vector<std::int64_t>{1, 2, 3, 4}
                                                         : std::vector<std::int64_t>{1, 2, 3}),
-                                            1);
+                                            kshard::TpDim{1});
       },
       {watch(table)}, one_rank_only);
   expect_collective_refusal(
       "values", {"the list of token ids differs between the ranks of a tp group"},
       [&](bool here) {
-        (void)kshard::vocab_parallel_lookup(table, ids_of({1, here ? 7 : 2, 3}), 1);
+        (void)kshard::vocab_parallel_lookup(table, ids_of({1, here ? 7 : 2, 3}), kshard::TpDim{1});
       },
       {watch(table)}, one_rank_only);
   expect_collective_refusal(
@@ -403,12 +403,14 @@ TEST(Mismatch, LookupIdsWithinATpGroup) {
       [&](bool here) {
         (void)kshard::vocab_parallel_lookup(
             table, ids_of(here ? std::vector<std::int64_t>{3, 1} : std::vector<std::int64_t>{1, 3}),
-            1);
+            kshard::TpDim{1});
       },
       {watch(table)}, one_rank_only);
   expect_collective_refusal(
       "tp_dim", {"does not shard tensor dimension 0 over mesh dimension 0 ('dp')"},
-      [&](bool here) { (void)kshard::vocab_parallel_lookup(table, ids_of({1}), here ? 0 : 1); },
+      [&](bool here) {
+        (void)kshard::vocab_parallel_lookup(table, ids_of({1}), kshard::TpDim{here ? 0 : 1});
+      },
       {watch(table)}, one_rank_only);
   // Each rank's rows would be scaled by their owner's scale: every rank a wrong answer.
   expect_collective_refusal(
@@ -430,7 +432,7 @@ TEST(Mismatch, LookupCountsMayDifferBetweenDpGroups) {
                                             ? std::vector<std::int64_t>{10, 0, 3}
                                             : std::vector<std::int64_t>{4, 4, 9, 1, 2};
   const auto got = Kokkos::create_mirror_view_and_copy(
-      Kokkos::HostSpace(), kshard::vocab_parallel_lookup(table, ids_of(ids), 1));
+      Kokkos::HostSpace(), kshard::vocab_parallel_lookup(table, ids_of(ids), kshard::TpDim{1}));
   bool ok = got.extent(0) == ids.size();
   for (std::size_t i = 0; ok && i < ids.size(); ++i)
     for (std::size_t j = 0; j < 4; ++j)
@@ -451,7 +453,8 @@ TEST(Mismatch, LinearLayerTokenCountsAndBias) {
       {"the number of rows of x_local (tokens) differs between the ranks of a tp group: 3 on "
        "rank 0, 2"},
       [&](bool here) {
-        (void)kshard::row_parallel_linear(row_weight, DeviceMatrix("x", here ? 2 : 3, in_local), 1);
+        (void)kshard::row_parallel_linear(row_weight, DeviceMatrix("x", here ? 2 : 3, in_local),
+                                          kshard::no_bias, kshard::TpDim{1});
       },
       {watch(row_weight)}, one_rank_only);
   expect_collective_refusal(
@@ -459,9 +462,9 @@ TEST(Mismatch, LinearLayerTokenCountsAndBias) {
       [&](bool here) {
         const DeviceMatrix x("x", 3, in_local);
         if (here)
-          (void)kshard::row_parallel_linear(row_weight, x, 1);
+          (void)kshard::row_parallel_linear(row_weight, x, kshard::no_bias, kshard::TpDim{1});
         else
-          (void)kshard::row_parallel_linear(row_weight, x, bias, 1);
+          (void)kshard::row_parallel_linear(row_weight, x, bias, kshard::TpDim{1});
       },
       {watch(row_weight)}, one_rank_only);
   auto grad = make(mesh, Layout(Replicate{}, Shard<0>{}), 6, 5, 3);
@@ -471,7 +474,8 @@ TEST(Mismatch, LinearLayerTokenCountsAndBias) {
       [&](bool here) {
         const index_t n = here ? 4 : 3;
         (void)kshard::column_parallel_linear_backward(column_weight, DeviceMatrix("x", n, 5),
-                                                      DeviceMatrix("gy", n, out_local), grad, 1);
+                                                      DeviceMatrix("gy", n, out_local), grad,
+                                                      kshard::no_bias, kshard::TpDim{1});
       },
       {watch(column_weight), watch(grad)}, one_rank_only);
 }
@@ -496,7 +500,9 @@ TEST(Mismatch, ReduceFromTpViewsWithinATpGroup) {
       "extent 0",
       {"kshard::reduce_from_tp: extent 0 of values differs between the ranks of a tp group: 3 on "
        "rank 0, 4 on another"},
-      [&](bool here) { kshard::reduce_from_tp(mesh, 1, here ? filled(Doubles("v", 4, 2)) : kept); },
+      [&](bool here) {
+        kshard::reduce_from_tp(mesh, kshard::TpDim{1}, here ? filled(Doubles("v", 4, 2)) : kept);
+      },
       {unchanged}, one_rank_only);
   expect_collective_refusal(
       "element type",
@@ -504,9 +510,9 @@ TEST(Mismatch, ReduceFromTpViewsWithinATpGroup) {
        "float on another"},
       [&](bool here) {
         if (here)
-          kshard::reduce_from_tp(mesh, 1, DeviceMatrix("v", 3, 2));
+          kshard::reduce_from_tp(mesh, kshard::TpDim{1}, DeviceMatrix("v", 3, 2));
         else
-          kshard::reduce_from_tp(mesh, 1, kept);
+          kshard::reduce_from_tp(mesh, kshard::TpDim{1}, kept);
       },
       {unchanged}, one_rank_only);
   expect_collective_refusal(
@@ -514,9 +520,10 @@ TEST(Mismatch, ReduceFromTpViewsWithinATpGroup) {
       {"the rank of values differs between the ranks of a tp group: 2 on rank 0, 1 on another"},
       [&](bool here) {
         if (here)
-          kshard::copy_to_tp_backward(mesh, 1, Kokkos::View<double*, MemSpace>("v", 6));
+          kshard::copy_to_tp_backward(mesh, kshard::TpDim{1},
+                                      Kokkos::View<double*, MemSpace>("v", 6));
         else
-          kshard::copy_to_tp_backward(mesh, 1, kept);
+          kshard::copy_to_tp_backward(mesh, kshard::TpDim{1}, kept);
       },
       {unchanged}, one_rank_only);
 }
@@ -527,7 +534,7 @@ TEST(Mismatch, ReduceFromTpExtentsMayDifferBetweenDpGroups) {
   const auto rows = static_cast<std::size_t>(2 + mesh.coords()[0]);
   Kokkos::View<std::int64_t**, Kokkos::LayoutRight, MemSpace> values("v", rows, 3);
   Kokkos::deep_copy(values, std::int64_t{mesh.my_rank()});
-  kshard::reduce_from_tp(mesh, 1, values);
+  kshard::reduce_from_tp(mesh, kshard::TpDim{1}, values);
   std::int64_t want = 0;
   auto coords = mesh.coords();
   for (int c = 0; c < mesh.extent(1); ++c) {

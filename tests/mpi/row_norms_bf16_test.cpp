@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "kshard/bfloat16.hpp"
-#include "kshard/kernels/row_norms.hpp"
 #include "kshard/distribute.hpp"
+#include "kshard/kernels/row_norms.hpp"
 #include "kshard/rowwise.hpp"
 #include "kshard_test.hpp"
 

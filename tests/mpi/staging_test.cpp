@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "kshard/comm/stats.hpp"
 #include "kshard/comm/staging.hpp"
+#include "kshard/comm/stats.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/redistribute.hpp"
 #include "kshard/rowwise.hpp"
@@ -121,7 +121,7 @@ TEST(Staging, RowNormsAndLookupSameBitsBothWays) {
   for (std::size_t i = 0; i < 5; ++i) host_ids(i) = chosen[i];
   Kokkos::deep_copy(ids, host_ids);
   check_both_ways("vocabulary-parallel lookup", table.local().size(),
-                  [&] { return kshard::vocab_parallel_lookup(table, ids, 0); });
+                  [&] { return kshard::vocab_parallel_lookup(table, ids, kshard::TpDim{0}); });
 }
 
 TEST(Staging, GpuAwareDefaultAndOverride) {

@@ -2,8 +2,9 @@
 // (2, n/2), against serial references computed from the whole matrices on every rank: the
 // vocabulary-parallel lookup and its backward, reduce-from / copy-to TP, row- and column-
 // parallel linear layers forward and backward, the collectives each one issues, every refusal
-// (the same message on every rank, nothing written), and the execution-space instance overloads
-// (the same bits as the default forms, on a non-default instance).
+// (the same message on every rank, nothing written), the execution-space instance overloads
+// (the same bits as the default forms, on a non-default instance), and the deprecated spellings
+// with a bare integer for tp_dim (the same bits as the kshard::TpDim forms).
 
 #include <gtest/gtest.h>
 
@@ -31,6 +32,7 @@ using kshard::Layout;
 using kshard::Replicate;
 using kshard::Shard;
 using kshard::StridedShard;
+using kshard::TpDim;
 using kshard::test::all_ranks;
 using kshard::test::collective_error;
 using kshard::test::ExecSpace;
@@ -142,7 +144,7 @@ void check_lookup(const kshard::Mesh<2>& mesh, std::size_t tp, const L& layout, 
   // Forward: the agreements (the mesh's arguments, the tp group's ids) and one all-reduce of
   // N x H elements.
   kshard::reset_comm_stats();
-  const auto out = kshard::vocab_parallel_lookup(table, device_ids, tp, scale);
+  const auto out = kshard::vocab_parallel_lookup(table, device_ids, TpDim{tp}, scale);
   const auto stats = kshard::comm_stats();
   static_assert(std::is_same_v<typename decltype(out)::value_type, Out>);
   bool ok = stats.collectives == (reduces ? 1 : 0) && stats.agreements == tp_agreements(mesh, tp) &&
@@ -167,7 +169,7 @@ void check_lookup(const kshard::Mesh<2>& mesh, std::size_t tp, const L& layout, 
   Kokkos::deep_copy(buffer, Out(-7));
   const auto window =
       Kokkos::subview(buffer, Kokkos::ALL, std::make_pair(std::size_t{1}, std::size_t(hidden + 1)));
-  kshard::vocab_parallel_lookup(table, device_ids, window, tp, scale);
+  kshard::vocab_parallel_lookup(table, device_ids, window, TpDim{tp}, scale);
   const auto held = to_host(buffer);
   ok = true;
   for (std::size_t i = 0; i < held.extent(0); ++i)
@@ -182,7 +184,8 @@ void check_lookup(const kshard::Mesh<2>& mesh, std::size_t tp, const L& layout, 
   const auto grad_out_host = reference_matrix<Out>(n, hidden, seed + 2);
   const auto grad_out = to_device(grad_out_host);
   kshard::reset_comm_stats();
-  kshard::vocab_parallel_lookup_backward(grad_table, device_ids, grad_out, tp, scale, padding);
+  kshard::vocab_parallel_lookup_backward(grad_table, device_ids, grad_out, TpDim{tp}, scale,
+                                         padding);
   ok = kshard::comm_stats().collectives == 0 && kshard::comm_stats().bytes_sent == 0;
   EXPECT_TRUE(all_ranks(ok)) << "the backward communicated";
   const auto grad = kshard::gather(grad_table);
@@ -251,7 +254,8 @@ TEST(VocabParallelLookup, OneDimensionalMesh) {
   const auto full = reference_matrix<float>(9, 3, 77);
   const auto table = make(line, Layout(Shard<0>{}), full);
   const std::vector<index_t> ids{8, 0, 4, 8};
-  const auto out = to_host(kshard::vocab_parallel_lookup(table, to_device<std::int64_t>(ids), 0));
+  const auto out =
+      to_host(kshard::vocab_parallel_lookup(table, to_device<std::int64_t>(ids), TpDim{0}));
   bool ok = true;
   for (std::size_t i = 0; i < ids.size(); ++i)
     for (std::size_t j = 0; j < 3; ++j)
@@ -267,13 +271,14 @@ TEST(VocabParallelLookup, BadIdsRaiseOnEveryRankAndWriteNothing) {
   const auto table = make(mesh, layout, full);
   auto message = collective_error([&] {
     (void)kshard::vocab_parallel_lookup(table, to_device<std::int32_t>(std::vector<int>{0, -1, 2}),
-                                        1);
+                                        TpDim{1});
   });
   EXPECT_NE(message.find("token id -1 is out of range for a vocabulary of 7 rows"),
             std::string::npos)
       << message;
   message = collective_error([&] {
-    (void)kshard::vocab_parallel_lookup(table, to_device<std::int64_t>(std::vector<int>{7}), 1);
+    (void)kshard::vocab_parallel_lookup(table, to_device<std::int64_t>(std::vector<int>{7}),
+                                        TpDim{1});
   });
   EXPECT_NE(message.find("token id 7 is out of range"), std::string::npos) << message;
 
@@ -281,7 +286,7 @@ TEST(VocabParallelLookup, BadIdsRaiseOnEveryRankAndWriteNothing) {
   const bool last = world_rank() == size - 1;
   message = collective_error([&] {
     const std::vector<int> ids = last ? std::vector<int>{0, 9} : std::vector<int>{0, 1};
-    (void)kshard::vocab_parallel_lookup(table, to_device<std::int32_t>(ids), 1);
+    (void)kshard::vocab_parallel_lookup(table, to_device<std::int32_t>(ids), TpDim{1});
   });
   // (the ids differ within the tp group too; the agreement names the range or the difference)
   EXPECT_TRUE(message.find("token id 9 is out of range") != std::string::npos ||
@@ -293,12 +298,12 @@ TEST(VocabParallelLookup, BadIdsRaiseOnEveryRankAndWriteNothing) {
   const auto grad_out = to_device(reference_matrix<float>(3, 4, 32));
   message = collective_error([&] {
     kshard::vocab_parallel_lookup_backward(
-        grad_table, to_device<std::int64_t>(std::vector<int>{1, 7, 2}), grad_out, 1);
+        grad_table, to_device<std::int64_t>(std::vector<int>{1, 7, 2}), grad_out, TpDim{1});
   });
   EXPECT_NE(message.find("token id 7 is out of range"), std::string::npos) << message;
   message = collective_error([&] {
     kshard::vocab_parallel_lookup_backward(
-        grad_table, to_device<std::int64_t>(std::vector<int>{1, -2, 2}), grad_out, 1);
+        grad_table, to_device<std::int64_t>(std::vector<int>{1, -2, 2}), grad_out, TpDim{1});
   });
   EXPECT_NE(message.find("token id -2 is out of range"), std::string::npos) << message;
   EXPECT_TRUE(all_ranks(same_bits(kshard::gather(grad_table), full)));
@@ -310,11 +315,12 @@ TEST(VocabParallelLookup, RefusesWrongLayoutsAndShapes) {
   const auto full = reference_matrix<double>(6, 3, 41);
   const auto table = make(mesh, Layout(Shard<0>{}, Replicate{}), full);
   const auto ids = to_device<std::int32_t>(std::vector<int>{1, 2});
-  auto message = collective_error([&] { (void)kshard::vocab_parallel_lookup(table, ids, 1); });
+  auto message =
+      collective_error([&] { (void)kshard::vocab_parallel_lookup(table, ids, TpDim{1}); });
   EXPECT_NE(message.find("does not shard tensor dimension 0 over mesh dimension 1 ('tp')"),
             std::string::npos)
       << message;
-  message = collective_error([&] { (void)kshard::vocab_parallel_lookup(table, ids, 2); });
+  message = collective_error([&] { (void)kshard::vocab_parallel_lookup(table, ids, TpDim{2}); });
   EXPECT_NE(message.find("tp_dim is 2, but the mesh Mesh(dp="), std::string::npos) << message;
 
   // An output buffer of the wrong shape, on every rank or on the last one only: refused
@@ -324,7 +330,8 @@ TEST(VocabParallelLookup, RefusesWrongLayoutsAndShapes) {
     const bool wrong = everywhere || world_rank() == size - 1;
     Kokkos::View<double**, Kokkos::LayoutRight, MemSpace> out("out", 2, wrong ? 4 : 3);
     Kokkos::deep_copy(out, 5.0);
-    message = collective_error([&] { kshard::vocab_parallel_lookup(row_table, ids, out, 1); });
+    message =
+        collective_error([&] { kshard::vocab_parallel_lookup(row_table, ids, out, TpDim{1}); });
     EXPECT_NE(message.find("out is 2 x 4 but must be 2 x 3"), std::string::npos) << message;
     const auto kept = to_host(out);
     bool untouched = true;
@@ -335,14 +342,14 @@ TEST(VocabParallelLookup, RefusesWrongLayoutsAndShapes) {
   const auto grad_table = make(mesh, Layout(Shard<0>{}, Replicate{}), full);
   message = collective_error([&] {
     kshard::vocab_parallel_lookup_backward(grad_table, ids,
-                                           to_device(reference_matrix<double>(2, 4, 1)), 0);
+                                           to_device(reference_matrix<double>(2, 4, 1)), TpDim{0});
   });
   EXPECT_NE(message.find("grad_output is 2 x 4 but there are 2 ids and the table is 6 x 3"),
             std::string::npos)
       << message;
   message = collective_error([&] {
-    kshard::vocab_parallel_lookup_backward(grad_table, ids,
-                                           to_device(reference_matrix<double>(2, 3, 1)), 0, 1.0, 6);
+    kshard::vocab_parallel_lookup_backward(
+        grad_table, ids, to_device(reference_matrix<double>(2, 3, 1)), TpDim{0}, 1.0, 6);
   });
   EXPECT_NE(message.find("padding id 6 is out of range"), std::string::npos) << message;
   const auto after = kshard::gather(grad_table);
@@ -380,7 +387,7 @@ TEST(TensorParallelRegion, ReduceAndCopyPairs) {
     // identity, silent.
     auto values = to_device(host);
     kshard::reset_comm_stats();
-    kshard::reduce_from_tp<ExecSpace>(mesh, tp, values);
+    kshard::reduce_from_tp<ExecSpace>(mesh, TpDim{tp}, values);
     bool ok = kshard::comm_stats().collectives == (reduces ? 1 : 0) &&
               kshard::comm_stats().agreements == tp_agreements(mesh, tp) &&
               kshard::comm_stats().bytes_sent == (reduces ? 12 * 8 : 0);
@@ -396,7 +403,7 @@ TEST(TensorParallelRegion, ReduceAndCopyPairs) {
     auto grads = to_device(host);
     kshard::reset_comm_stats();
     ok = kshard::copy_to_tp(grads).data() == grads.data() && kshard::comm_stats().collectives == 0;
-    kshard::copy_to_tp_backward<ExecSpace>(mesh, tp, grads);
+    kshard::copy_to_tp_backward<ExecSpace>(mesh, TpDim{tp}, grads);
     ok = ok && kshard::comm_stats().collectives == (reduces ? 1 : 0);
     got = to_host(grads);
     for (std::size_t i = 0; i < 3; ++i)
@@ -406,10 +413,10 @@ TEST(TensorParallelRegion, ReduceAndCopyPairs) {
     // A rank-1 int64 view, and a non-contiguous column slice whose other columns stay.
     Kokkos::View<std::int64_t*, MemSpace> counts("counts", 2);
     Kokkos::deep_copy(counts, std::int64_t{mesh.my_rank() + 1});
-    kshard::reduce_from_tp<ExecSpace>(mesh, tp, counts);
+    kshard::reduce_from_tp<ExecSpace>(mesh, TpDim{tp}, counts);
     auto wide = to_device(host);
     const auto slice = Kokkos::subview(wide, Kokkos::ALL, std::make_pair(1, 3));
-    kshard::reduce_from_tp<ExecSpace>(mesh, tp, slice);
+    kshard::reduce_from_tp<ExecSpace>(mesh, TpDim{tp}, slice);
     const auto counts_host = to_host(counts);
     std::int64_t want_count = 0;
     auto coords = mesh.coords();
@@ -427,7 +434,7 @@ TEST(TensorParallelRegion, ReduceAndCopyPairs) {
   kshard::Mesh<1> line(MPI_COMM_WORLD, {world_size()});
   auto values = to_device(reference_matrix<float>(2, 2, 5));
   const auto message =
-      collective_error([&] { kshard::reduce_from_tp<ExecSpace>(line, 1, values); });
+      collective_error([&] { kshard::reduce_from_tp<ExecSpace>(line, TpDim{1}, values); });
   EXPECT_NE(message.find("kshard::reduce_from_tp: tp_dim is 1"), std::string::npos) << message;
 }
 
@@ -509,8 +516,9 @@ void check_row_parallel(const kshard::Mesh<2>& mesh, std::size_t tp, const L& la
   const auto grad_y = to_device(cast<T>(ref.gy));
 
   kshard::reset_comm_stats();
-  const auto y = with_bias ? kshard::row_parallel_linear(weight, x_local, bias, tp)
-                           : kshard::row_parallel_linear(weight, x_local, kshard::no_bias, tp);
+  const auto y = with_bias
+                     ? kshard::row_parallel_linear(weight, x_local, bias, TpDim{tp})
+                     : kshard::row_parallel_linear(weight, x_local, kshard::no_bias, TpDim{tp});
   bool ok =
       kshard::comm_stats().collectives == (reduces ? 1 : 0) &&
       kshard::comm_stats().agreements == tp_agreements(mesh, tp) &&
@@ -524,10 +532,11 @@ void check_row_parallel(const kshard::Mesh<2>& mesh, std::size_t tp, const L& la
   EXPECT_TRUE(all_ranks(ok)) << "forward";
 
   kshard::reset_comm_stats();
-  const auto grad_x =
-      with_bias ? kshard::row_parallel_linear_backward(weight, x_local, grad_y, grad_weight,
-                                                       grad_bias, tp)
-                : kshard::row_parallel_linear_backward(weight, x_local, grad_y, grad_weight, tp);
+  const auto grad_x = with_bias
+                          ? kshard::row_parallel_linear_backward(weight, x_local, grad_y,
+                                                                 grad_weight, grad_bias, TpDim{tp})
+                          : kshard::row_parallel_linear_backward(
+                                weight, x_local, grad_y, grad_weight, kshard::no_bias, TpDim{tp});
   ok = kshard::comm_stats().collectives == 0;
   EXPECT_TRUE(all_ranks(ok)) << "the backward communicated";
   const auto gx = to_host(grad_x);
@@ -566,8 +575,8 @@ void check_column_parallel(const kshard::Mesh<2>& mesh, std::size_t tp, const L&
   const auto grad_bias_1d = Kokkos::subview(grad_bias_local, 0, Kokkos::ALL);
 
   kshard::reset_comm_stats();
-  const auto y = with_bias ? kshard::column_parallel_linear(weight, x, bias_1d, tp)
-                           : kshard::column_parallel_linear(weight, x, tp);
+  const auto y = with_bias ? kshard::column_parallel_linear(weight, x, bias_1d, TpDim{tp})
+                           : kshard::column_parallel_linear(weight, x, kshard::no_bias, TpDim{tp});
   bool ok = kshard::comm_stats().collectives == 0;
   EXPECT_TRUE(all_ranks(ok)) << "the forward communicated";
   const auto y_host = to_host(y);
@@ -580,10 +589,11 @@ void check_column_parallel(const kshard::Mesh<2>& mesh, std::size_t tp, const L&
   EXPECT_TRUE(all_ranks(ok)) << "forward";
 
   kshard::reset_comm_stats();
-  const auto grad_x = with_bias ? kshard::column_parallel_linear_backward(
-                                      weight, x, grad_y_local, grad_weight, grad_bias_1d, tp)
-                                : kshard::column_parallel_linear_backward(
-                                      weight, x, grad_y_local, grad_weight, kshard::no_bias, tp);
+  const auto grad_x = with_bias
+                          ? kshard::column_parallel_linear_backward(
+                                weight, x, grad_y_local, grad_weight, grad_bias_1d, TpDim{tp})
+                          : kshard::column_parallel_linear_backward(
+                                weight, x, grad_y_local, grad_weight, kshard::no_bias, TpDim{tp});
   ok = kshard::comm_stats().collectives == (reduces ? 1 : 0) &&
        kshard::comm_stats().agreements == tp_agreements(mesh, tp) &&
        kshard::comm_stats().bytes_sent == (reduces ? n * in * static_cast<index_t>(sizeof(T)) : 0);
@@ -655,12 +665,13 @@ TEST(TensorParallelLinear, ColumnThenRowPair) {
         const auto up_grad = make(mesh, up_layout, HostMatrix<double>("z", ffn, hidden));
         const auto down_grad = make(mesh, down_layout, HostMatrix<double>("z", hidden, ffn));
         const auto x_dev = to_device(x);
-        const auto u_local = kshard::column_parallel_linear(up, x_dev, tp);
-        const auto y = to_host(kshard::row_parallel_linear(down, u_local, tp));
-        const auto gu_local =
-            kshard::row_parallel_linear_backward(down, u_local, to_device(gy), down_grad, tp);
-        const auto gx =
-            to_host(kshard::column_parallel_linear_backward(up, x_dev, gu_local, up_grad, tp));
+        const auto u_local = kshard::column_parallel_linear(up, x_dev, kshard::no_bias, TpDim{tp});
+        const auto y =
+            to_host(kshard::row_parallel_linear(down, u_local, kshard::no_bias, TpDim{tp}));
+        const auto gu_local = kshard::row_parallel_linear_backward(
+            down, u_local, to_device(gy), down_grad, kshard::no_bias, TpDim{tp});
+        const auto gx = to_host(kshard::column_parallel_linear_backward(
+            up, x_dev, gu_local, up_grad, kshard::no_bias, TpDim{tp}));
         bool ok = true;
         for (std::size_t i = 0; i < 4; ++i)
           for (std::size_t j = 0; j < 5; ++j) {
@@ -699,34 +710,38 @@ TEST(TensorParallelLinear, RefusesWrongShapesLayoutsAndMeshes) {
   // x_local with a wrong width on every rank, then on the last rank only.
   auto message = collective_error([&] {
     (void)kshard::row_parallel_linear(row_weight, DeviceMatrix<float>("bad", 2, in_local + 1), bias,
-                                      1);
+                                      TpDim{1});
   });
   EXPECT_NE(message.find("kshard::row_parallel_linear: x_local on rank 0 is 2 x "),
             std::string::npos)
       << message;
   message = collective_error([&] {
-    (void)kshard::row_parallel_linear(
-        row_weight, last ? DeviceMatrix<float>("bad", 2, in_local + 2) : x_local, 1);
+    (void)kshard::row_parallel_linear(row_weight,
+                                      last ? DeviceMatrix<float>("bad", 2, in_local + 2) : x_local,
+                                      kshard::no_bias, TpDim{1});
   });
   EXPECT_NE(message.find(fmt::format("x_local on rank {} is 2 x ", size - 1)), std::string::npos)
       << message;
   message = collective_error([&] {
-    (void)kshard::row_parallel_linear(row_weight, x_local, DeviceVector<float>("b", 5), 1);
+    (void)kshard::row_parallel_linear(row_weight, x_local, DeviceVector<float>("b", 5), TpDim{1});
   });
   EXPECT_NE(message.find("the bias has 5 elements but the weight is 6 x 5"), std::string::npos)
       << message;
 
   // Wrong mesh dimension, out-of-range tp_dim.
-  message = collective_error([&] { (void)kshard::row_parallel_linear(row_weight, x_local, 0); });
+  message = collective_error(
+      [&] { (void)kshard::row_parallel_linear(row_weight, x_local, kshard::no_bias, TpDim{0}); });
   EXPECT_NE(message.find("does not shard tensor dimension 1 over mesh dimension 0 ('dp')"),
             std::string::npos)
       << message;
-  message = collective_error([&] { (void)kshard::column_parallel_linear(column_weight, x, 3); });
+  message = collective_error(
+      [&] { (void)kshard::column_parallel_linear(column_weight, x, kshard::no_bias, TpDim{3}); });
   EXPECT_NE(message.find("tp_dim is 3"), std::string::npos) << message;
 
   // Column-parallel shapes, forward (local) and backward (agreed).
   message = collective_error([&] {
-    (void)kshard::column_parallel_linear(column_weight, DeviceMatrix<float>("bad", 2, 4), 1);
+    (void)kshard::column_parallel_linear(column_weight, DeviceMatrix<float>("bad", 2, 4),
+                                         kshard::no_bias, TpDim{1});
   });
   EXPECT_NE(message.find("x is 2 x 4 but the weight is 6 x 5"), std::string::npos) << message;
   const auto prior = reference_matrix<float>(6, 5, 82);
@@ -735,7 +750,7 @@ TEST(TensorParallelLinear, RefusesWrongShapesLayoutsAndMeshes) {
   message = collective_error([&] {
     (void)kshard::column_parallel_linear_backward(
         column_weight, x, DeviceMatrix<float>("gy", 2, last ? out_local + 1 : out_local),
-        column_grad, 1);
+        column_grad, kshard::no_bias, TpDim{1});
   });
   EXPECT_NE(message.find(fmt::format("grad_y_local on rank {} is 2 x ", size - 1)),
             std::string::npos)
@@ -746,20 +761,21 @@ TEST(TensorParallelLinear, RefusesWrongShapesLayoutsAndMeshes) {
   message = collective_error([&] {
     (void)kshard::row_parallel_linear_backward(
         row_weight, x_local, DeviceMatrix<float>("gy", 2, 6),
-        make(mesh, row_layout, reference_matrix<float>(7, 5, 1)), 1);
+        make(mesh, row_layout, reference_matrix<float>(7, 5, 1)), kshard::no_bias, TpDim{1});
   });
   EXPECT_NE(message.find("grad_weight is 7 x 5 but the weight is 6 x 5"), std::string::npos)
       << message;
   message = collective_error([&] {
     (void)kshard::row_parallel_linear_backward(row_weight, x_local, DeviceMatrix<float>("gy", 2, 7),
-                                               row_grad, 1);
+                                               row_grad, kshard::no_bias, TpDim{1});
   });
   EXPECT_NE(message.find("grad_y is 2 x 7 but the weight is 6 x 5"), std::string::npos) << message;
   if (size > 1) {
     kshard::Mesh<2> other(MPI_COMM_WORLD, {size, 1}, {"dp", "tp"});
     message = collective_error([&] {
       (void)kshard::row_parallel_linear_backward(
-          row_weight, x_local, DeviceMatrix<float>("gy", 2, 6), make(other, row_layout, prior), 1);
+          row_weight, x_local, DeviceMatrix<float>("gy", 2, 6), make(other, row_layout, prior),
+          kshard::no_bias, TpDim{1});
     });
     EXPECT_NE(message.find("not the same mesh"), std::string::npos) << message;
   }
@@ -800,10 +816,10 @@ TEST(TensorParallelInstances, SameResultsAsDefaultForms) {
     with_tp_layout(tp, Shard<0>{}, [&](const auto& layout) {
       const auto table = make(mesh, layout, reference_matrix<float>(vocab, hidden, seed));
       const auto ids = to_device<std::int32_t>(std::vector<index_t>{3, 0, 10, 3, 7});
-      const auto want = kshard::vocab_parallel_lookup(table, ids, tp, 2.0);
-      bool ok = same_bits(want, kshard::vocab_parallel_lookup(space, table, ids, tp, 2.0));
+      const auto want = kshard::vocab_parallel_lookup(table, ids, TpDim{tp}, 2.0);
+      bool ok = same_bits(want, kshard::vocab_parallel_lookup(space, table, ids, TpDim{tp}, 2.0));
       DeviceMatrix<float> into("into", n, hidden);
-      kshard::vocab_parallel_lookup(space, table, ids, into, tp, 2.0);
+      kshard::vocab_parallel_lookup(space, table, ids, into, TpDim{tp}, 2.0);
       ok = ok && same_bits(want, into);
       EXPECT_TRUE(all_ranks(ok)) << "lookup";
 
@@ -811,8 +827,8 @@ TEST(TensorParallelInstances, SameResultsAsDefaultForms) {
       const auto prior = reference_matrix<float>(vocab, hidden, seed + 2);
       const auto by_default = make(mesh, layout, prior);
       const auto by_instance = make(mesh, layout, prior);
-      kshard::vocab_parallel_lookup_backward(by_default, ids, grad_out, tp, 0.5, index_t{0});
-      kshard::vocab_parallel_lookup_backward(space, by_instance, ids, grad_out, tp, 0.5,
+      kshard::vocab_parallel_lookup_backward(by_default, ids, grad_out, TpDim{tp}, 0.5, index_t{0});
+      kshard::vocab_parallel_lookup_backward(space, by_instance, ids, grad_out, TpDim{tp}, 0.5,
                                              index_t{0});
       EXPECT_TRUE(all_ranks(same_bits(kshard::gather(by_default), kshard::gather(by_instance))))
           << "lookup backward";
@@ -823,14 +839,15 @@ TEST(TensorParallelInstances, SameResultsAsDefaultForms) {
       const auto host = reference_matrix<double>(3, 4, seed + 3);
       auto a = to_device(host);
       auto b = to_device(host);
-      kshard::reduce_from_tp(mesh, tp, a);
-      kshard::reduce_from_tp(space, mesh, tp, b);
+      kshard::reduce_from_tp(mesh, TpDim{tp}, a);
+      kshard::reduce_from_tp(space, mesh, TpDim{tp}, b);
       bool ok = same_bits(a, b);
       auto wide_a = to_device(host);
       auto wide_b = to_device(host);
       const auto cols = std::make_pair(std::size_t{1}, std::size_t{3});
-      kshard::copy_to_tp_backward(mesh, tp, Kokkos::subview(wide_a, Kokkos::ALL, cols));
-      kshard::copy_to_tp_backward(space, mesh, tp, Kokkos::subview(wide_b, Kokkos::ALL, cols));
+      kshard::copy_to_tp_backward(mesh, TpDim{tp}, Kokkos::subview(wide_a, Kokkos::ALL, cols));
+      kshard::copy_to_tp_backward(space, mesh, TpDim{tp},
+                                  Kokkos::subview(wide_b, Kokkos::ALL, cols));
       ok = ok && same_bits(wide_a, wide_b);
       ok = ok && kshard::copy_to_tp(space, a).data() == a.data() &&
            kshard::reduce_from_tp_backward(space, a).data() == a.data();
@@ -844,22 +861,25 @@ TEST(TensorParallelInstances, SameResultsAsDefaultForms) {
       const auto x_local = to_device(local_cols(cast<float>(ref.x), weight.mapping().cols));
       const auto bias = row_vector<float>(ref.b);
       const auto grad_y = to_device(cast<float>(ref.gy));
-      bool ok = same_bits(kshard::row_parallel_linear(weight, x_local, bias, tp),
-                          kshard::row_parallel_linear(space, weight, x_local, bias, tp)) &&
-                same_bits(kshard::row_parallel_linear(weight, x_local, tp),
-                          kshard::row_parallel_linear(space, weight, x_local, kshard::no_bias, tp));
+      bool ok = same_bits(kshard::row_parallel_linear(weight, x_local, bias, TpDim{tp}),
+                          kshard::row_parallel_linear(space, weight, x_local, bias, TpDim{tp})) &&
+                same_bits(kshard::row_parallel_linear(weight, x_local, kshard::no_bias, TpDim{tp}),
+                          kshard::row_parallel_linear(space, weight, x_local, kshard::no_bias,
+                                                      TpDim{tp}));
       const auto gw_default = make(mesh, layout, cast<float>(ref.gw));
       const auto gw_instance = make(mesh, layout, cast<float>(ref.gw));
       const auto gb_default = row_vector<float>(ref.gb);
       const auto gb_instance = row_vector<float>(ref.gb);
-      ok = ok && same_bits(kshard::row_parallel_linear_backward(weight, x_local, grad_y, gw_default,
-                                                                gb_default, tp),
-                           kshard::row_parallel_linear_backward(space, weight, x_local, grad_y,
-                                                                gw_instance, gb_instance, tp));
+      ok =
+          ok && same_bits(kshard::row_parallel_linear_backward(weight, x_local, grad_y, gw_default,
+                                                               gb_default, TpDim{tp}),
+                          kshard::row_parallel_linear_backward(
+                              space, weight, x_local, grad_y, gw_instance, gb_instance, TpDim{tp}));
       ok = ok &&
-           same_bits(kshard::row_parallel_linear_backward(weight, x_local, grad_y, gw_default, tp),
+           same_bits(kshard::row_parallel_linear_backward(weight, x_local, grad_y, gw_default,
+                                                          kshard::no_bias, TpDim{tp}),
                      kshard::row_parallel_linear_backward(space, weight, x_local, grad_y,
-                                                          gw_instance, tp));
+                                                          gw_instance, kshard::no_bias, TpDim{tp}));
       ok = ok && same_bits(kshard::gather(gw_default), kshard::gather(gw_instance)) &&
            same_vector(gb_default, gb_instance);
       EXPECT_TRUE(all_ranks(ok)) << "row-parallel";
@@ -873,22 +893,25 @@ TEST(TensorParallelInstances, SameResultsAsDefaultForms) {
       const auto bias_local =
           Kokkos::subview(to_device(local_cols(cast<float>(ref.b), rows)), 0, Kokkos::ALL);
       const auto grad_y_local = to_device(local_cols(cast<float>(ref.gy), rows));
-      bool ok = same_bits(kshard::column_parallel_linear(weight, x, bias_local, tp),
-                          kshard::column_parallel_linear(space, weight, x, bias_local, tp)) &&
-                same_bits(kshard::column_parallel_linear(weight, x, tp),
-                          kshard::column_parallel_linear(space, weight, x, tp));
+      bool ok =
+          same_bits(kshard::column_parallel_linear(weight, x, bias_local, TpDim{tp}),
+                    kshard::column_parallel_linear(space, weight, x, bias_local, TpDim{tp})) &&
+          same_bits(kshard::column_parallel_linear(weight, x, kshard::no_bias, TpDim{tp}),
+                    kshard::column_parallel_linear(space, weight, x, kshard::no_bias, TpDim{tp}));
       const auto gw_default = make(mesh, layout, cast<float>(ref.gw));
       const auto gw_instance = make(mesh, layout, cast<float>(ref.gw));
       const auto gb_default = row_vector<float>(local_cols(ref.gb, rows));
       const auto gb_instance = row_vector<float>(local_cols(ref.gb, rows));
-      ok = ok && same_bits(kshard::column_parallel_linear_backward(weight, x, grad_y_local,
-                                                                   gw_default, gb_default, tp),
-                           kshard::column_parallel_linear_backward(space, weight, x, grad_y_local,
-                                                                   gw_instance, gb_instance, tp));
-      ok = ok && same_bits(kshard::column_parallel_linear_backward(weight, x, grad_y_local,
-                                                                   gw_default, tp),
-                           kshard::column_parallel_linear_backward(
-                               space, weight, x, grad_y_local, gw_instance, kshard::no_bias, tp));
+      ok =
+          ok && same_bits(kshard::column_parallel_linear_backward(
+                              weight, x, grad_y_local, gw_default, gb_default, TpDim{tp}),
+                          kshard::column_parallel_linear_backward(
+                              space, weight, x, grad_y_local, gw_instance, gb_instance, TpDim{tp}));
+      ok = ok &&
+           same_bits(kshard::column_parallel_linear_backward(weight, x, grad_y_local, gw_default,
+                                                             kshard::no_bias, TpDim{tp}),
+                     kshard::column_parallel_linear_backward(
+                         space, weight, x, grad_y_local, gw_instance, kshard::no_bias, TpDim{tp}));
       ok = ok && same_bits(kshard::gather(gw_default), kshard::gather(gw_instance)) &&
            same_vector(gb_default, gb_instance);
       EXPECT_TRUE(all_ranks(ok)) << "column-parallel";
@@ -935,10 +958,10 @@ void check_inferred_column(const kshard::Mesh<2>& mesh, std::size_t tp, const L&
   const auto sliced = to_device(local_cols(ref.b, rows));
   const auto y = kshard::column_parallel_linear(weight, x, bias);
   bool ok = same_bits(y, kshard::column_parallel_linear(
-                             weight, x, Kokkos::subview(sliced, 0, Kokkos::ALL), tp)) &&
+                             weight, x, Kokkos::subview(sliced, 0, Kokkos::ALL), TpDim{tp})) &&
             same_bits(kshard::column_parallel_linear(other_instance(), weight, x, bias), y) &&
             same_bits(kshard::column_parallel_linear(weight, x),
-                      kshard::column_parallel_linear(weight, x, tp));
+                      kshard::column_parallel_linear(weight, x, kshard::no_bias, TpDim{tp}));
   const auto y_host = to_host(y);
   for (index_t i = 0; ok && i < ref.n; ++i)
     for (index_t r = 0; r < rows.local_extent(); ++r)
@@ -955,7 +978,7 @@ void check_inferred_column(const kshard::Mesh<2>& mesh, std::size_t tp, const L&
       kshard::column_parallel_linear_backward(weight, x, grad_y_local, grad_weight, grad_bias);
   ok = same_bits(grad_x, kshard::column_parallel_linear_backward(
                              weight, x, grad_y_local, grad_weight_explicit,
-                             Kokkos::subview(grad_bias_sliced, 0, Kokkos::ALL), tp)) &&
+                             Kokkos::subview(grad_bias_sliced, 0, Kokkos::ALL), TpDim{tp})) &&
        same_bits(kshard::gather(grad_weight), kshard::gather(grad_weight_explicit)) &&
        same_local_bias(grad_bias, Kokkos::subview(grad_bias_sliced, 0, Kokkos::ALL)) &&
        bias_close(grad_bias, ref.out, [&](index_t o) { return ref.gb_after(o); });
@@ -972,11 +995,11 @@ void check_inferred_row(const kshard::Mesh<2>& mesh, std::size_t tp, const L& la
   const auto x_local = to_device(local_cols(ref.x, cols));
   const auto bias = kshard::distribute_bias(weight, first_row(ref.b));
   const auto y = kshard::row_parallel_linear(weight, x_local, bias);
-  bool ok =
-      same_bits(y, kshard::row_parallel_linear(weight, x_local, row_vector<double>(ref.b), tp)) &&
-      same_bits(kshard::row_parallel_linear(other_instance(), weight, x_local, bias), y) &&
-      same_bits(kshard::row_parallel_linear(weight, x_local),
-                kshard::row_parallel_linear(weight, x_local, tp));
+  bool ok = same_bits(y, kshard::row_parallel_linear(weight, x_local, row_vector<double>(ref.b),
+                                                     TpDim{tp})) &&
+            same_bits(kshard::row_parallel_linear(other_instance(), weight, x_local, bias), y) &&
+            same_bits(kshard::row_parallel_linear(weight, x_local),
+                      kshard::row_parallel_linear(weight, x_local, kshard::no_bias, TpDim{tp}));
   const auto y_host = to_host(y);
   for (index_t i = 0; ok && i < ref.n; ++i)
     for (index_t o = 0; o < ref.out; ++o)
@@ -990,8 +1013,9 @@ void check_inferred_row(const kshard::Mesh<2>& mesh, std::size_t tp, const L& la
   const auto grad_bias_view = row_vector<double>(ref.gb);
   const auto grad_x =
       kshard::row_parallel_linear_backward(weight, x_local, grad_y, grad_weight, grad_bias);
-  ok = same_bits(grad_x, kshard::row_parallel_linear_backward(
-                             weight, x_local, grad_y, grad_weight_explicit, grad_bias_view, tp)) &&
+  ok = same_bits(grad_x,
+                 kshard::row_parallel_linear_backward(weight, x_local, grad_y, grad_weight_explicit,
+                                                      grad_bias_view, TpDim{tp})) &&
        same_bits(kshard::gather(grad_weight), kshard::gather(grad_weight_explicit)) &&
        same_local_bias(grad_bias, grad_bias_view) &&
        bias_close(grad_bias, ref.out, [&](index_t o) { return ref.gb_after(o); });
@@ -1024,8 +1048,8 @@ TEST(TensorParallelInferred, LookupMatchesExplicitTpDimAndSerial) {
       const auto scaled = kshard::vocab_parallel_lookup(other_instance(), table, ids, 2.0);
       DeviceMatrix<float> into("into", host_ids.size(), hidden);
       kshard::vocab_parallel_lookup(table, ids, into, 2.0);
-      bool ok = same_bits(out, kshard::vocab_parallel_lookup(table, ids, tp)) &&
-                same_bits(scaled, kshard::vocab_parallel_lookup(table, ids, tp, 2.0)) &&
+      bool ok = same_bits(out, kshard::vocab_parallel_lookup(table, ids, TpDim{tp})) &&
+                same_bits(scaled, kshard::vocab_parallel_lookup(table, ids, TpDim{tp}, 2.0)) &&
                 same_bits(into, scaled);
       const auto got = to_host(scaled);
       for (std::size_t i = 0; i < host_ids.size(); ++i)
@@ -1037,7 +1061,7 @@ TEST(TensorParallelInferred, LookupMatchesExplicitTpDimAndSerial) {
       const auto grad = make(mesh, layout, HostMatrix<float>("zero", vocab, hidden));
       const auto grad_explicit = make(mesh, layout, HostMatrix<float>("zero", vocab, hidden));
       kshard::vocab_parallel_lookup_backward(grad, ids, grad_out, 2.0, 3);
-      kshard::vocab_parallel_lookup_backward(grad_explicit, ids, grad_out, tp, 2.0, 3);
+      kshard::vocab_parallel_lookup_backward(grad_explicit, ids, grad_out, TpDim{tp}, 2.0, 3);
       EXPECT_TRUE(all_ranks(same_bits(kshard::gather(grad), kshard::gather(grad_explicit))))
           << "backward";
     });
@@ -1049,7 +1073,8 @@ TEST(TensorParallelInferred, RefusesMismatchedTpDimAndBias) {
   kshard::Mesh<2> mesh(MPI_COMM_WORLD, {1, size}, {"dp", "tp"});
   const auto table = make(mesh, Layout(Replicate{}, Shard<0>{}), reference_matrix<float>(6, 3, 91));
   const auto ids = to_device<std::int32_t>(std::vector<index_t>{1, 2});
-  auto message = collective_error([&] { (void)kshard::vocab_parallel_lookup(table, ids, 0); });
+  auto message =
+      collective_error([&] { (void)kshard::vocab_parallel_lookup(table, ids, TpDim{0}); });
   EXPECT_NE(message.find("does not shard tensor dimension 0 over mesh dimension 0 ('dp')"),
             std::string::npos)
       << message;
@@ -1095,5 +1120,120 @@ TEST(TensorParallelInferred, RefusesMismatchedTpDimAndBias) {
       std::string::npos)
       << message;
 }
+
+// ---------------------------------------------------------------------------------------------
+// The deprecated spellings, kept for one release: a bare integer for tp_dim (and, for a layer
+// without a bias, in the bias's place). Each gives the bits of its TpDim form.
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+TEST(TensorParallelDeprecated, LookupAndRegionTakeABareInteger) {
+  const ExecSpace space = other_instance();
+  kshard::Mesh<2> mesh(MPI_COMM_WORLD, {1, world_size()}, {"dp", "tp"});
+  const int tp = 1;
+  const Layout layout(Replicate{}, Shard<0>{});
+  const auto table = make(mesh, layout, reference_matrix<float>(7, 3, 9920));
+  const auto ids = to_device<std::int32_t>(std::vector<index_t>{6, 0, 2, 6});
+  const auto want = kshard::vocab_parallel_lookup(table, ids, TpDim{tp}, 2.0);
+  DeviceMatrix<float> into("into", 4, 3);
+  DeviceMatrix<float> into_on_space("into_on_space", 4, 3);
+  kshard::vocab_parallel_lookup(table, ids, into, tp, 2.0);
+  kshard::vocab_parallel_lookup(space, table, ids, into_on_space, tp, 2.0);
+  bool ok = same_bits(want, kshard::vocab_parallel_lookup(table, ids, tp, 2.0)) &&
+            same_bits(want, kshard::vocab_parallel_lookup(space, table, ids, tp, 2.0)) &&
+            same_bits(want, into) && same_bits(want, into_on_space);
+  EXPECT_TRUE(all_ranks(ok)) << "lookup";
+
+  const auto grad_out = to_device(reference_matrix<float>(4, 3, 9921));
+  const HostMatrix<float> zero("zero", 7, 3);
+  const auto grad = make(mesh, layout, zero);
+  const auto grad_old = make(mesh, layout, zero);
+  const auto grad_old_on_space = make(mesh, layout, zero);
+  kshard::vocab_parallel_lookup_backward(grad, ids, grad_out, TpDim{tp}, 0.5, index_t{0});
+  kshard::vocab_parallel_lookup_backward(grad_old, ids, grad_out, tp, 0.5, index_t{0});
+  kshard::vocab_parallel_lookup_backward(space, grad_old_on_space, ids, grad_out, tp, 0.5,
+                                         index_t{0});
+  const auto want_grad = kshard::gather(grad);
+  ok = same_bits(want_grad, kshard::gather(grad_old)) &&
+       same_bits(want_grad, kshard::gather(grad_old_on_space));
+  EXPECT_TRUE(all_ranks(ok)) << "lookup backward";
+
+  const auto host = reference_matrix<double>(3, 2, 9922);
+  const auto reduced = to_device(host);
+  kshard::reduce_from_tp(mesh, TpDim{tp}, reduced);
+  const std::vector<DeviceMatrix<double>> old{to_device(host), to_device(host), to_device(host),
+                                              to_device(host)};
+  kshard::reduce_from_tp(mesh, tp, old[0]);
+  kshard::reduce_from_tp(space, mesh, tp, old[1]);
+  kshard::copy_to_tp_backward(mesh, tp, old[2]);
+  kshard::copy_to_tp_backward(space, mesh, tp, old[3]);
+  ok = true;
+  for (const auto& values : old) ok = ok && same_bits(reduced, values);
+  EXPECT_TRUE(all_ranks(ok)) << "region";
+}
+
+TEST(TensorParallelDeprecated, LinearLayersTakeABareInteger) {
+  const ExecSpace space = other_instance();
+  kshard::Mesh<2> mesh(MPI_COMM_WORLD, {1, world_size()}, {"dp", "tp"});
+  const int tp = 1;
+  const LinearReference ref(4, 6, 5, 9930);
+  const auto x = to_device(cast<float>(ref.x));
+  const auto grad_y = to_device(cast<float>(ref.gy));
+  const auto bias = row_vector<float>(ref.b);
+  const auto grad_bias = row_vector<float>(ref.gb);
+
+  const Layout row_layout(Replicate{}, Shard<1>{});
+  const auto row_weight = make(mesh, row_layout, cast<float>(ref.w));
+  const auto row_grad = make(mesh, row_layout, cast<float>(ref.gw));
+  const auto x_local = to_device(local_cols(cast<float>(ref.x), row_weight.mapping().cols));
+  const auto y = kshard::row_parallel_linear(row_weight, x_local, bias, TpDim{tp});
+  const auto y_unbiased =
+      kshard::row_parallel_linear(row_weight, x_local, kshard::no_bias, TpDim{tp});
+  const auto gx_local = kshard::row_parallel_linear_backward(row_weight, x_local, grad_y, row_grad,
+                                                             kshard::no_bias, TpDim{tp});
+  bool ok = same_bits(y, kshard::row_parallel_linear(row_weight, x_local, bias, tp)) &&
+            same_bits(y, kshard::row_parallel_linear(space, row_weight, x_local, bias, tp)) &&
+            same_bits(y_unbiased, kshard::row_parallel_linear(row_weight, x_local, tp)) &&
+            same_bits(y_unbiased, kshard::row_parallel_linear(space, row_weight, x_local, tp)) &&
+            same_bits(gx_local, kshard::row_parallel_linear_backward(row_weight, x_local, grad_y,
+                                                                     row_grad, grad_bias, tp)) &&
+            same_bits(gx_local, kshard::row_parallel_linear_backward(
+                                    space, row_weight, x_local, grad_y, row_grad, grad_bias, tp)) &&
+            same_bits(gx_local, kshard::row_parallel_linear_backward(row_weight, x_local, grad_y,
+                                                                     row_grad, tp)) &&
+            same_bits(gx_local, kshard::row_parallel_linear_backward(space, row_weight, x_local,
+                                                                     grad_y, row_grad, tp));
+  EXPECT_TRUE(all_ranks(ok)) << "row-parallel";
+
+  const Layout column_layout(Replicate{}, Shard<0>{});
+  const auto column_weight = make(mesh, column_layout, cast<float>(ref.w));
+  const auto column_grad = make(mesh, column_layout, cast<float>(ref.gw));
+  const auto& rows = column_weight.mapping().rows;
+  const auto bias_local = row_vector<float>(local_cols(ref.b, rows));
+  const auto grad_bias_local = row_vector<float>(local_cols(ref.gb, rows));
+  const auto grad_y_local = to_device(local_cols(cast<float>(ref.gy), rows));
+  const auto y_local = kshard::column_parallel_linear(column_weight, x, bias_local, TpDim{tp});
+  const auto y_local_unbiased =
+      kshard::column_parallel_linear(column_weight, x, kshard::no_bias, TpDim{tp});
+  const auto gx = kshard::column_parallel_linear_backward(column_weight, x, grad_y_local,
+                                                          column_grad, kshard::no_bias, TpDim{tp});
+  ok =
+      same_bits(y_local, kshard::column_parallel_linear(column_weight, x, bias_local, tp)) &&
+      same_bits(y_local, kshard::column_parallel_linear(space, column_weight, x, bias_local, tp)) &&
+      same_bits(y_local_unbiased, kshard::column_parallel_linear(column_weight, x, tp)) &&
+      same_bits(y_local_unbiased, kshard::column_parallel_linear(space, column_weight, x, tp)) &&
+      same_bits(gx, kshard::column_parallel_linear_backward(column_weight, x, grad_y_local,
+                                                            column_grad, grad_bias_local, tp)) &&
+      same_bits(gx, kshard::column_parallel_linear_backward(space, column_weight, x, grad_y_local,
+                                                            column_grad, grad_bias_local, tp)) &&
+      same_bits(gx, kshard::column_parallel_linear_backward(column_weight, x, grad_y_local,
+                                                            column_grad, tp)) &&
+      same_bits(gx, kshard::column_parallel_linear_backward(space, column_weight, x, grad_y_local,
+                                                            column_grad, tp));
+  EXPECT_TRUE(all_ranks(ok)) << "column-parallel";
+}
+
+#pragma GCC diagnostic pop
 
 }  // namespace

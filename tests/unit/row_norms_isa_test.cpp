@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "kshard/bfloat16.hpp"
-#include "kshard/kernels/row_norms.hpp"
 #include "kshard/float16.hpp"
+#include "kshard/kernels/row_norms.hpp"
 
 namespace {
 

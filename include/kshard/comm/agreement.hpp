@@ -23,32 +23,15 @@
 #include "kshard/bfloat16.hpp"
 #include "kshard/comm/group.hpp"
 #include "kshard/comm/stats.hpp"
+#include "kshard/detail/digest.hpp"
+#include "kshard/detail/element.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/error.hpp"
 #include "kshard/float16.hpp"
+#include "kshard/layout_dispatch.hpp"
 #include "kshard/placement.hpp"
 
 namespace kshard::detail {
-
-// FNV-1a: a stable 64-bit digest of text or of several values (the same in every process of
-// the job, unlike std::hash, which may differ between builds).
-class Digest {
- public:
-  Digest& add(std::string_view text) {
-    for (const char c : text) mix(static_cast<unsigned char>(c));
-    mix(0xff);  // ends each piece: ("ab", "c") and ("a", "bc") differ
-    return *this;
-  }
-  Digest& add(std::int64_t value) {
-    for (int byte = 0; byte < 8; ++byte) mix(static_cast<unsigned char>(value >> (8 * byte)));
-    return *this;
-  }
-  [[nodiscard]] std::int64_t value() const { return std::bit_cast<std::int64_t>(hash_); }
-
- private:
-  void mix(unsigned char byte) { hash_ = (hash_ ^ byte) * 1099511628211ull; }
-  std::uint64_t hash_ = 0xcbf29ce484222325ull;
-};
 
 // Renders an agreed value for an error message ("Shard(0)", "float", "12").
 using Render = std::function<std::string(std::int64_t)>;
@@ -223,49 +206,19 @@ inline void same_text(Agreement& agreement, std::string what, const std::string&
   });
 }
 
-// A code per element type, so that float and int32 (both 4 bytes) differ.
+// A code per element type, so that float and int32 (both 4 bytes) differ: the table's, else
+// 1000 + the size of a type outside it.
 template <class T>
 constexpr std::int64_t type_code() {
-  if constexpr (std::is_same_v<T, float>)
-    return 1;
-  else if constexpr (std::is_same_v<T, double>)
-    return 2;
-  else if constexpr (std::is_same_v<T, bf16>)
-    return 3;
-  else if constexpr (std::is_same_v<T, std::int32_t>)
-    return 4;
-  else if constexpr (std::is_same_v<T, std::int64_t>)
-    return 5;
-  else if constexpr (std::is_same_v<T, f16>)
-    return 6;
+  if constexpr (TableElement<T>)
+    return static_cast<std::int64_t>(element_info<T>().code);
   else
     return 1000 + static_cast<std::int64_t>(sizeof(T));
 }
 
 inline std::string render_type(std::int64_t code) {
-  switch (code) {
-    case 1:
-      return "float";
-    case 2:
-      return "double";
-    case 3:
-      return "bf16";
-    case 4:
-      return "int32";
-    case 5:
-      return "int64";
-    case 6:
-      return "f16";
-    default:
-      return fmt::format("a {}-byte element type", code - 1000);
-  }
-}
-
-// A name as a number that every process computes alike (FNV-1a, 32 bits).
-constexpr std::int64_t name_code(std::string_view name) {
-  std::uint32_t hash = 2166136261U;
-  for (char c : name) hash = (hash ^ static_cast<unsigned char>(c)) * 16777619U;
-  return hash;
+  if (const ElementInfo* info = find_element(code)) return std::string(info->name);
+  return fmt::format("a {}-byte element type", code - 1000);
 }
 
 // One placement as a number: kind, tensor dimension, and the reduction of a Partial or the
@@ -273,26 +226,18 @@ constexpr std::int64_t name_code(std::string_view name) {
 inline std::int64_t placement_code(const MeshDimAction& action, ReduceOp op) {
   std::int64_t extra = 0;
   if (action.kind == PlacementKind::partial) extra = static_cast<int>(op);
-  if (action.kind == PlacementKind::custom) extra = name_code(action.name);
+  if (action.kind == PlacementKind::custom) extra = fnv1a32(action.name);
   return static_cast<std::int64_t>(action.kind) + 8 * (action.tensor_dim + 1) + 8192 * extra;
 }
 
 inline std::string render_placement(std::int64_t code) {
   const auto kind = static_cast<PlacementKind>(code % 8);
   const std::int64_t dim = (code % 8192) / 8 - 1;
-  switch (kind) {
-    case PlacementKind::replicate:
-      return "Replicate()";
-    case PlacementKind::shard:
-      return fmt::format("Shard({})", dim);
-    case PlacementKind::strided_shard:
-      return fmt::format("StridedShard({})", dim);
-    case PlacementKind::partial:
-      return fmt::format("Partial({})", to_string(static_cast<ReduceOp>(code / 8192)));
-    case PlacementKind::custom:
-      return fmt::format("a custom placement of dimension {} (name code {:#x})", dim, code / 8192);
-  }
-  return "?";
+  const std::string text = placement_text(
+      kind, static_cast<int>(dim), std::nullopt,
+      kind == PlacementKind::partial ? static_cast<ReduceOp>(code / 8192) : ReduceOp::sum);
+  if (kind != PlacementKind::custom) return text;
+  return fmt::format("{} (name code {:#x})", text, code / 8192);
 }
 
 // The placements of layout `L` (kind, dimension, reduction and split factor per mesh dimension).

@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "kshard/comm/backend.hpp"
 #include "kshard/comm/mpi.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/placement.hpp"
@@ -38,10 +39,15 @@ using Backend = MpiBackend;
 
 namespace kshard::comm {
 
-// A Kokkos Tools profiling region around one collective, named after the running kshard
-// operation; free when no tool is loaded.
+static_assert(CommBackend<Backend>,
+              "kshard: the configured communication backend (KSHARD_COMM_BACKEND_HEADER) does "
+              "not provide what comm/backend.hpp requires");
+
+/// A Kokkos Tools profiling region around one collective, named after the running kshard
+/// operation; free when no tool is loaded.
 class Region {
  public:
+  /// Opens "kshard::<operation>::<collective>" when a tool is loaded.
   explicit Region(const char* collective) : open_(Kokkos::Profiling::profileLibraryLoaded()) {
     if (open_)
       Kokkos::Profiling::pushRegion(
@@ -61,6 +67,7 @@ class Region {
 class Group {
  public:
   Group() = default;
+  /// The group of the ranks of `comm`, which it owns from now on.
   explicit Group(detail::Communicator comm)
       : comm_(std::move(comm)), data_(Backend::make_handle(comm_.get())) {}
 

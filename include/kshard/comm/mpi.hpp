@@ -23,9 +23,10 @@
 #include <fmt/format.h>
 
 #include "kshard/comm/stats.hpp"
+#include "kshard/comm/watchdog.hpp"
+#include "kshard/detail/element.hpp"
 #include "kshard/detail/int_limit.hpp"
 #include "kshard/detail/operation.hpp"
-#include "kshard/comm/watchdog.hpp"
 #include "kshard/error.hpp"
 
 namespace kshard::detail {
@@ -72,19 +73,27 @@ inline void check_mpi(int rc, const char* call) {
                           likely_mpi_cause(error_class)));
 }
 
+// The MPI type of a reducible element of the table (element.hpp).
+inline MPI_Datatype reducible_mpi_datatype(ElementCode code) {
+  switch (code) {
+    case ElementCode::f32:
+      return MPI_FLOAT;
+    case ElementCode::f64:
+      return MPI_DOUBLE;
+    case ElementCode::i32:
+      return MPI_INT32_T;
+    default:
+      return MPI_INT64_T;
+  }
+}
+
 // Reductions use the arithmetic types; other trivially copyable elements (bf16) only move,
 // as unsigned integers of their size.
 template <class T>
 MPI_Datatype mpi_datatype() {
   using U = std::remove_cv_t<T>;
-  if constexpr (std::is_same_v<U, float>)
-    return MPI_FLOAT;
-  else if constexpr (std::is_same_v<U, double>)
-    return MPI_DOUBLE;
-  else if constexpr (std::is_same_v<U, std::int32_t>)
-    return MPI_INT32_T;
-  else if constexpr (std::is_same_v<U, std::int64_t>)
-    return MPI_INT64_T;
+  if constexpr (reducible_element<U>())
+    return reducible_mpi_datatype(element_info<U>().code);
   else if constexpr (std::is_same_v<U, char>)
     return MPI_CHAR;
   else if constexpr (std::is_trivially_copyable_v<U> && sizeof(U) == 2)

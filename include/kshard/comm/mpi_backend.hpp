@@ -12,8 +12,8 @@
 #include <cstdint>
 
 #include "kshard/comm/mpi.hpp"
-#include "kshard/detail/operation.hpp"
 #include "kshard/comm/staging.hpp"
+#include "kshard/detail/operation.hpp"
 #include "kshard/placement.hpp"
 
 namespace kshard::comm {
@@ -33,11 +33,15 @@ inline MPI_Op native_op(ReduceOp op) {
   return MPI_SUM;
 }
 
+/// The MPI backend: each collective fences (or stages through the host) the instance that
+/// wrote its views, then calls MPI on the group's communicator (a CommBackend, comm/backend.hpp).
 struct MpiBackend {
   /// What the backend keeps per group: here the group's own communicator.
   using Handle = MPI_Comm;
+  /// The handle of a group whose communicator is `comm`.
   static Handle make_handle(MPI_Comm comm) { return comm; }
 
+  /// Reduces `view` over the group in place with `op`.
   template <class ExecSpace, class View>
   static void allreduce(Handle comm, const ExecSpace& space, const View& view, ReduceOp op) {
     const int count = element_count(view);
@@ -46,6 +50,7 @@ struct MpiBackend {
     });
   }
 
+  /// Reduces `send` over the group into `recv` with `op`.
   template <class ExecSpace, class Send, class Recv>
   static void allreduce(Handle comm, const ExecSpace& space, const Send& send, const Recv& recv,
                         ReduceOp op) {
@@ -55,6 +60,7 @@ struct MpiBackend {
     });
   }
 
+  /// Copies `root`'s `view` into every rank's.
   template <class ExecSpace, class View>
   static void bcast(Handle comm, const ExecSpace& space, const View& view, int root) {
     const int count = element_count(view);
@@ -63,6 +69,7 @@ struct MpiBackend {
                             [&](auto* data) { detail::broadcast(data, count, root, comm); });
   }
 
+  /// Every rank's `send` into every rank's `recv`, at `displs` (`counts` elements each).
   template <class ExecSpace, class Send, class Recv>
   static void allgatherv(Handle comm, const ExecSpace& space, const Send& send, const Recv& recv,
                          const int* counts, const int* displs) {
@@ -72,6 +79,7 @@ struct MpiBackend {
     });
   }
 
+  /// Each rank's slices of `send` to each rank's `recv` (counts and displacements per rank).
   template <class ExecSpace, class Send, class Recv>
   static void alltoallv(Handle comm, const ExecSpace& space, const Send& send,
                         const int* send_counts, const int* send_displs, const Recv& recv,
@@ -81,6 +89,7 @@ struct MpiBackend {
     });
   }
 
+  /// Reduces `send` over the group with `op`; rank r keeps `recv_counts[r]` elements of it.
   template <class ExecSpace, class Send, class Recv>
   static void reduce_scatter(Handle comm, const ExecSpace& space, const Send& send,
                              const Recv& recv, const int* recv_counts, ReduceOp op) {

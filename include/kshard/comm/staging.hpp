@@ -11,10 +11,10 @@
 #include <string_view>
 #include <utility>
 
-#include "kshard/comm/stats.hpp"
-#include "kshard/kernels/host_copy.hpp"
-#include "kshard/detail/kokkos_compat.hpp"
 #include "kshard/comm/mpi.hpp"
+#include "kshard/comm/stats.hpp"
+#include "kshard/detail/kokkos_compat.hpp"
+#include "kshard/kernels/host_copy.hpp"
 
 #if defined(OPEN_MPI) && __has_include(<mpi-ext.h>)
 #include <mpi-ext.h>  // MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support

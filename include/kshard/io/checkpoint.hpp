@@ -28,7 +28,9 @@
 #include <nlohmann/json.hpp>
 
 #include "kshard/comm/agreement.hpp"
+#include "kshard/detail/operation.hpp"
 #include "kshard/error.hpp"
+#include "kshard/io/detail/checkpoint_json.hpp"
 #include "kshard/io/safetensors.hpp"
 #include "kshard/mesh.hpp"
 
@@ -48,116 +50,6 @@ inline constexpr std::string_view safetensors_index_name = "model.safetensors.in
 /// The name of the single file of an unsharded checkpoint folder.
 inline constexpr std::string_view safetensors_single_name = "model.safetensors";
 
-namespace detail {
-
-// The largest JSON file (index or config) kshard reads: real ones are kilobytes.
-inline constexpr std::uint64_t max_json_file_size = std::uint64_t{64} << 20;
-
-// Rank 0 reads a small text file, every rank gets its bytes (nullopt when it does not exist).
-// Every rank throws the same error when it cannot be read or is too large.
-inline std::optional<std::string> read_small_file(const kshard::comm::Group& group,
-                                                  const std::filesystem::path& path) {
-  std::optional<std::string> problem;
-  std::string text;
-  std::int64_t state = 0;  // 0: absent, 1: read
-  std::error_code ec;      // rank 0 alone looks: it must not throw
-  if (group.rank() == 0 && std::filesystem::exists(path, ec)) {
-    state = 1;
-    problem = attempt([&] {
-      const std::uint64_t size = std::filesystem::file_size(path);
-      if (size > max_json_file_size)
-        throw error(
-            fmt::format("kshard::io: '{}' has {} bytes, more than the {} a JSON file of a "
-                        "checkpoint may have",
-                        path.string(), size, max_json_file_size));
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0)
-        throw error(
-            fmt::format("kshard::io: cannot open '{}': {}", path.string(), std::strerror(errno)));
-      text.resize(size);
-      auto failed = pread_exactly(fd, text.data(), size, 0, path.string());
-      ::close(fd);
-      if (failed) throw error(*failed);
-    });
-  }
-  agree(group, problem);
-  std::array<std::int64_t, 2> header{state, static_cast<std::int64_t>(text.size())};
-  group.bcast(header.data(), 2, 0);
-  if (header[0] == 0) return std::nullopt;
-  text.resize(static_cast<std::size_t>(header[1]));
-  broadcast_bytes(text.data(), text.size(), group);
-  return text;
-}
-
-// Parses JSON text that every rank holds alike (so every rank throws the same message).
-inline nlohmann::json parse_json(const std::string& text, const std::filesystem::path& path) {
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw error(fmt::format("kshard::io: '{}' is not valid JSON: {}", path.string(), e.what()));
-  }
-}
-
-// A JSON value for an error message: a scalar as written (a string shortened), a container
-// by its kind only (dumping one recurses as deep as the file nests, and may be megabytes).
-inline std::string json_text(const nlohmann::json& value) {
-  if (value.is_string()) return "\"" + printable(value.get_ref<const std::string&>(), 64) + "\"";
-  if (value.is_structured()) return fmt::format("an {}", value.type_name());
-  return value.dump();
-}
-
-// Field `key` of `config` as T, unset when absent or null, an error when of another type or,
-// for an integer, past int64's range.
-template <class T>
-std::optional<T> config_field(const nlohmann::json& config, const char* key,
-                              const std::filesystem::path& path) {
-  const auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return std::nullopt;
-  const bool fits = std::is_same_v<T, bool> ? it->is_boolean() : it->is_number_integer();
-  if (!fits)
-    throw error(fmt::format("kshard::io: '{}' field \"{}\" is {}, not {}", path.string(), key,
-                            json_text(*it),
-                            std::is_same_v<T, bool> ? "true or false" : "an integer"));
-  if constexpr (!std::is_same_v<T, bool>)
-    if (it->is_number_unsigned() && it->template get<std::uint64_t>() >
-                                        static_cast<std::uint64_t>(std::numeric_limits<T>::max()))
-      throw error(fmt::format("kshard::io: '{}' field \"{}\" is {}, more than the largest id {}",
-                              path.string(), key, it->dump(), std::numeric_limits<T>::max()));
-  return it->template get<T>();
-}
-
-inline ModelConfig parse_config(const std::string& text, const std::filesystem::path& path) {
-  const nlohmann::json config = parse_json(text, path);
-  if (!config.is_object())
-    throw error(fmt::format("kshard::io: '{}' is not a JSON object", path.string()));
-  auto pad = config_field<index_t>(config, "pad_token_id", path);
-  if (pad && *pad < 0) pad.reset();  // Hugging Face configs write -1 for "no padding token"
-  return {config_field<bool>(config, "tie_word_embeddings", path), pad,
-          config_field<index_t>(config, "vocab_size", path)};
-}
-
-// The index's weight_map: tensor name -> file name, each a plain name inside the folder.
-inline std::map<std::string, std::string> parse_weight_map(const std::string& text,
-                                                           const std::filesystem::path& path) {
-  const nlohmann::json index = parse_json(text, path);
-  const auto map = index.is_object() ? index.find("weight_map") : index.end();
-  if (map == index.end() || !map->is_object())
-    throw error(fmt::format("kshard::io: '{}' has no \"weight_map\" object", path.string()));
-  std::map<std::string, std::string> result;
-  for (const auto& [tensor, file] : map->items()) {
-    const std::string name = file.is_string() ? file.get<std::string>() : std::string();
-    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
-      throw error(
-          fmt::format("kshard::io: '{}' maps tensor {} to {}, which is not a file name "
-                      "in the checkpoint's folder",
-                      path.string(), in_quotes(tensor), json_text(file)));
-    result.emplace(tensor, name);
-  }
-  return result;
-}
-
-}  // namespace detail
-
 /// A checkpoint opened on a mesh: its safetensors files (headers validated), which file holds
 /// each tensor, and its config. Collective to open; the queries are local.
 class Checkpoint {
@@ -167,10 +59,10 @@ class Checkpoint {
   /// `mesh`; see the file comment for the errors.
   template <std::size_t N>
   Checkpoint(const Mesh<N>& mesh, std::filesystem::path path) : path_(std::move(path)) {
-    const kshard::detail::Operation operation("io::Checkpoint");
-    const kshard::comm::Group& group = mesh.group();
+    const detail::Operation operation("io::Checkpoint");
+    const comm::Group& group = mesh.group();
     detail::Agreement agreement(group);
-    kshard::detail::same_text(agreement, "the checkpoint path", path_.string());
+    detail::same_text(agreement, "the checkpoint path", path_.string());
     agreement.settle();
     std::error_code ec;  // rank 0 alone looks: it must not throw
     std::int64_t is_folder = mesh.my_rank() == 0 && std::filesystem::is_directory(path_, ec);
@@ -179,7 +71,7 @@ class Checkpoint {
     // A single file's config.json is the one beside it, as in a checkpoint folder.
     const auto folder = folder_ ? path_ : path_.parent_path();
     if (auto text = detail::read_small_file(group, folder / "config.json"))
-      config_ = detail::parse_config(*text, folder / "config.json");
+      config_ = parse_config(*text, folder / "config.json");
     if (!folder_) {
       open_single(mesh, path_);
       return;
@@ -234,6 +126,17 @@ class Checkpoint {
   }
 
  private:
+  // config.json's fields, every rank parsing the same text (so throwing the same error).
+  static ModelConfig parse_config(const std::string& text, const std::filesystem::path& path) {
+    const nlohmann::json config = detail::parse_json(text, path);
+    if (!config.is_object())
+      throw error(fmt::format("kshard::io: '{}' is not a JSON object", path.string()));
+    auto pad = detail::config_field<index_t>(config, "pad_token_id", path);
+    if (pad && *pad < 0) pad.reset();  // Hugging Face configs write -1 for "no padding token"
+    return {detail::config_field<bool>(config, "tie_word_embeddings", path), pad,
+            detail::config_field<index_t>(config, "vocab_size", path)};
+  }
+
   template <std::size_t N>
   void open_single(const Mesh<N>& mesh, const std::filesystem::path& file) {
     files_.emplace_back(mesh, file);

@@ -59,47 +59,61 @@ enum class Dtype : std::uint8_t {
   U64,      ///< unsigned 64-bit integer
 };
 
-namespace detail {
+/// `shape` as messages show it, "[2, 3]": at most its first 8 entries, then ", ...".
+[[nodiscard]] inline std::string shape_text(std::span<const std::int64_t> shape) {
+  constexpr std::size_t shown = 8;
+  std::string out = "[";
+  for (std::size_t d = 0; d < std::min(shape.size(), shown); ++d) {
+    if (d > 0) out += ", ";
+    out += std::to_string(shape[d]);
+  }
+  out += shape.size() > shown ? ", ...]" : "]";
+  return out;
+}
+
+}  // namespace kshard::io
+
+namespace kshard::detail {
 
 /// A dtype with its header spelling and element size.
 struct DtypeInfo {
-  Dtype dtype;
+  io::Dtype dtype;
   std::string_view name;
   std::uint64_t size;
 };
 
 /// Every dtype, in enum order.
 inline constexpr std::array<DtypeInfo, 15> dtype_table{{
-    {Dtype::BOOL, "BOOL", 1},
-    {Dtype::U8, "U8", 1},
-    {Dtype::I8, "I8", 1},
-    {Dtype::F8_E5M2, "F8_E5M2", 1},
-    {Dtype::F8_E4M3, "F8_E4M3", 1},
-    {Dtype::I16, "I16", 2},
-    {Dtype::U16, "U16", 2},
-    {Dtype::F16, "F16", 2},
-    {Dtype::BF16, "BF16", 2},
-    {Dtype::I32, "I32", 4},
-    {Dtype::U32, "U32", 4},
-    {Dtype::F32, "F32", 4},
-    {Dtype::F64, "F64", 8},
-    {Dtype::I64, "I64", 8},
-    {Dtype::U64, "U64", 8},
+    {io::Dtype::BOOL, "BOOL", 1},
+    {io::Dtype::U8, "U8", 1},
+    {io::Dtype::I8, "I8", 1},
+    {io::Dtype::F8_E5M2, "F8_E5M2", 1},
+    {io::Dtype::F8_E4M3, "F8_E4M3", 1},
+    {io::Dtype::I16, "I16", 2},
+    {io::Dtype::U16, "U16", 2},
+    {io::Dtype::F16, "F16", 2},
+    {io::Dtype::BF16, "BF16", 2},
+    {io::Dtype::I32, "I32", 4},
+    {io::Dtype::U32, "U32", 4},
+    {io::Dtype::F32, "F32", 4},
+    {io::Dtype::F64, "F64", 8},
+    {io::Dtype::I64, "I64", 8},
+    {io::Dtype::U64, "U64", 8},
 }};
 
 /// Appends one piece of an error message.
-inline void append(std::string& out, std::string_view text) { out += text; }
+inline void append_piece(std::string& out, std::string_view text) { out += text; }
 /// Appends an integer of an error message in decimal.
 template <std::integral T>
-void append(std::string& out, T value) {
+void append_piece(std::string& out, T value) {
   out += std::to_string(value);
 }
 
 /// Throws kshard::error with the pieces concatenated after "kshard::io: ".
 template <class... Pieces>
-[[noreturn]] void fail(const Pieces&... pieces) {
+[[noreturn]] void throw_io_error(const Pieces&... pieces) {
   std::string message = "kshard::io: ";
-  (append(message, pieces), ...);
+  (append_piece(message, pieces), ...);
   throw kshard::error(message);
 }
 
@@ -133,22 +147,11 @@ inline std::string in_quotes(std::string_view text, std::size_t limit = 64) {
 }
 
 /// The entry at `dtype`'s position in dtype_table; a value outside the enum is refused.
-inline const DtypeInfo& dtype_info(Dtype dtype) {
+inline const DtypeInfo& dtype_info(io::Dtype dtype) {
   const auto index = static_cast<std::size_t>(dtype);
-  if (index >= dtype_table.size()) fail("dtype value ", index, " is not a safetensors dtype");
+  if (index >= dtype_table.size())
+    throw_io_error("dtype value ", index, " is not a safetensors dtype");
   return dtype_table[index];
-}
-
-/// `shape` for an error message: its first 8 entries.
-inline std::string shape_text(std::span<const std::int64_t> shape) {
-  constexpr std::size_t shown = 8;
-  std::string out = "[";
-  for (std::size_t d = 0; d < std::min(shape.size(), shown); ++d) {
-    if (d > 0) out += ", ";
-    out += std::to_string(shape[d]);
-  }
-  out += shape.size() > shown ? ", ...]" : "]";
-  return out;
 }
 
 /// The product of `shape`, refusing negative entries and any partial product past INT64_MAX
@@ -158,24 +161,25 @@ inline std::int64_t element_count(std::string_view name, std::span<const std::in
   std::int64_t count = 1;
   for (std::size_t d = 0; d < shape.size(); ++d) {
     if (shape[d] < 0)
-      fail("tensor ", in_quotes(name), " has shape entry ", shape[d], " at dimension ", d,
-           "; shape entries must not be negative");
+      throw_io_error("tensor ", in_quotes(name), " has shape entry ", shape[d], " at dimension ", d,
+                     "; shape entries must not be negative");
     if (shape[d] != 0 && count > max / shape[d])
-      fail("tensor ", in_quotes(name), " has shape ", shape_text(shape), " (rank ", shape.size(),
-           ") whose element count passes INT64_MAX = ", max, " at dimension ", d);
+      throw_io_error("tensor ", in_quotes(name), " has shape ", io::shape_text(shape), " (rank ",
+                     shape.size(), ") whose element count passes INT64_MAX = ", max,
+                     " at dimension ", d);
     count *= shape[d];
   }
   return count;
 }
 
 /// element_count times the dtype size, refusing a product past UINT64_MAX.
-inline std::uint64_t byte_count(std::string_view name, Dtype dtype,
+inline std::uint64_t byte_count(std::string_view name, io::Dtype dtype,
                                 std::span<const std::int64_t> shape) {
   const auto elements = static_cast<std::uint64_t>(element_count(name, shape));
   const DtypeInfo& info = dtype_info(dtype);
   if (elements > std::numeric_limits<std::uint64_t>::max() / info.size)
-    fail("tensor ", in_quotes(name), " has ", elements, " elements of ", info.name,
-         ", more bytes than a 64-bit size holds");
+    throw_io_error("tensor ", in_quotes(name), " has ", elements, " elements of ", info.name,
+                   ", more bytes than a 64-bit size holds");
   return elements * info.size;
 }
 
@@ -193,7 +197,9 @@ inline std::string unknown_dtype(std::string_view name) {
   return message + ")";
 }
 
-}  // namespace detail
+}  // namespace kshard::detail
+
+namespace kshard::io {
 
 /// Bytes per element of `dtype` (1, 2, 4 or 8).
 [[nodiscard]] inline std::uint64_t dtype_size(Dtype dtype) {
@@ -208,7 +214,7 @@ inline std::string unknown_dtype(std::string_view name) {
 /// The dtype a header spells `name`; throws kshard::error naming it for any other string.
 [[nodiscard]] inline Dtype parse_dtype(std::string_view name) {
   const detail::DtypeInfo* info = detail::find_dtype(name);
-  if (info == nullptr) detail::fail(detail::unknown_dtype(name));
+  if (info == nullptr) detail::throw_io_error(detail::unknown_dtype(name));
   return info->dtype;
 }
 
@@ -257,7 +263,9 @@ struct TensorSpec {
   std::vector<std::int64_t> shape;  ///< extents, row-major; empty for a scalar
 };
 
-namespace detail {
+}  // namespace kshard::io
+
+namespace kshard::detail {
 
 /// The key under which a header keeps its string-to-string metadata.
 inline constexpr std::string_view metadata_key = "__metadata__";
@@ -265,27 +273,28 @@ inline constexpr std::string_view metadata_key = "__metadata__";
 /// Refuses a header length over the cap or past the end of a file of `file_size` bytes.
 inline void check_header_length(std::uint64_t length, std::uint64_t file_size) {
   if (file_size < 8)
-    fail("the file has ", file_size, " bytes, fewer than the 8 of the header length prefix");
-  if (length > max_safetensors_header_length)
-    fail("the header length is ", length, " bytes, over the limit of ",
-         max_safetensors_header_length);
+    throw_io_error("the file has ", file_size,
+                   " bytes, fewer than the 8 of the header length prefix");
+  if (length > io::max_safetensors_header_length)
+    throw_io_error("the header length is ", length, " bytes, over the limit of ",
+                   io::max_safetensors_header_length);
   if (length > file_size - 8)
-    fail("the header length is ", length, " bytes, but the file has ", file_size, " bytes: only ",
-         file_size - 8, " after the 8-byte prefix");
+    throw_io_error("the header length is ", length, " bytes, but the file has ", file_size,
+                   " bytes: only ", file_size - 8, " after the 8-byte prefix");
 }
 
 /// Which field of a tensor's object the reader is in.
-enum class Field : std::uint8_t { dtype, shape, data_offsets, none };
+enum class HeaderField : std::uint8_t { dtype, shape, data_offsets, none };
 
-/// The keys of a tensor's fields, in Field order.
+/// The keys of a tensor's fields, in HeaderField order.
 inline constexpr std::array<std::string_view, 3> field_keys{"dtype", "shape", "data_offsets"};
 
 /// The field called `key`; throws for anything but the three a tensor has.
-inline Field field_named(std::string_view tensor, std::string_view key) {
+inline HeaderField field_named(std::string_view tensor, std::string_view key) {
   const auto it = std::find(field_keys.begin(), field_keys.end(), key);
-  if (it != field_keys.end()) return static_cast<Field>(it - field_keys.begin());
-  fail("tensor ", in_quotes(tensor), " has an unknown field ", in_quotes(key),
-       "; a tensor has exactly dtype, shape and data_offsets");
+  if (it != field_keys.end()) return static_cast<HeaderField>(it - field_keys.begin());
+  throw_io_error("tensor ", in_quotes(tensor), " has an unknown field ", in_quotes(key),
+                 "; a tensor has exactly dtype, shape and data_offsets");
 }
 
 /// The JSON as a stream of nlohmann SAX events, checked against the header's schema at each
@@ -306,7 +315,7 @@ class HeaderReader {
   /// The metadata, once read.
   std::map<std::string, std::string>& metadata() { return metadata_; }
   /// The tensors in header order, once read.
-  std::vector<TensorEntry>& tensors() { return tensors_; }
+  std::vector<io::TensorEntry>& tensors() { return tensors_; }
 
   // The SAX interface nlohmann::json::sax_parse calls.
   bool null() { unexpected("null"); }
@@ -337,42 +346,44 @@ class HeaderReader {
   std::string key_;  // the last key read in the header or metadata object
   bool metadata_seen_ = false;
   std::map<std::string, std::string> metadata_;
-  std::vector<TensorEntry> tensors_;
+  std::vector<io::TensorEntry> tensors_;
   // The tensor being read: its fields so far and which of them were present.
-  TensorEntry tensor_;
+  io::TensorEntry tensor_;
   std::array<bool, 3> has_field_{};
-  Field field_ = Field::none;
+  HeaderField field_ = HeaderField::none;
   std::size_t offsets_read_ = 0;
 };
 
 inline void HeaderReader::unexpected(std::string_view what) const {
   switch (where_) {
     case Where::start:
-      fail("the header is ", what, ", not a JSON object");
+      throw_io_error("the header is ", what, ", not a JSON object");
     case Where::header:
-      if (key_ == metadata_key) fail("__metadata__ is ", what, ", not an object of strings");
-      fail("tensor ", in_quotes(key_), " is ", what,
-           ", not an object with dtype, shape and data_offsets");
+      if (key_ == metadata_key)
+        throw_io_error("__metadata__ is ", what, ", not an object of strings");
+      throw_io_error("tensor ", in_quotes(key_), " is ", what,
+                     ", not an object with dtype, shape and data_offsets");
     case Where::metadata:
-      fail("__metadata__ value ", in_quotes(key_), " is ", what, ", not a string");
+      throw_io_error("__metadata__ value ", in_quotes(key_), " is ", what, ", not a string");
     case Where::tensor:
-      fail("the ", field_keys[static_cast<std::size_t>(field_)], " of tensor ",
-           in_quotes(tensor_.name), " is ", what, ", not ",
-           field_ == Field::dtype ? "a string" : "an array of non-negative integers");
+      throw_io_error(
+          "the ", field_keys[static_cast<std::size_t>(field_)], " of tensor ",
+          in_quotes(tensor_.name), " is ", what, ", not ",
+          field_ == HeaderField::dtype ? "a string" : "an array of non-negative integers");
     case Where::shape:
     case Where::data_offsets:
       non_negative_integer_expected(what);
     case Where::end:
       break;
   }
-  fail("the header has ", what, " where no value belongs");
+  throw_io_error("the header has ", what, " where no value belongs");
 }
 
 inline void HeaderReader::non_negative_integer_expected(std::string_view what) const {
   const bool shape = where_ == Where::shape;
-  fail("tensor ", in_quotes(tensor_.name), " has ", shape ? "shape" : "data_offsets", " entry ",
-       shape ? tensor_.shape.size() : offsets_read_, " that is ", what,
-       ", not a non-negative integer");
+  throw_io_error("tensor ", in_quotes(tensor_.name), " has ", shape ? "shape" : "data_offsets",
+                 " entry ", shape ? tensor_.shape.size() : offsets_read_, " that is ", what,
+                 ", not a non-negative integer");
 }
 
 inline bool HeaderReader::number_integer(json::number_integer_t value) {
@@ -398,27 +409,28 @@ inline bool HeaderReader::number_float(json::number_float_t, const json::string_
 inline void HeaderReader::add_number(std::uint64_t value) {
   if (where_ == Where::data_offsets) {
     if (offsets_read_ == 2)
-      fail("tensor ", in_quotes(tensor_.name),
-           " has more than 2 data_offsets; it needs [begin, end]");
+      throw_io_error("tensor ", in_quotes(tensor_.name),
+                     " has more than 2 data_offsets; it needs [begin, end]");
     (offsets_read_++ == 0 ? tensor_.begin : tensor_.end) = value;
     return;
   }
   constexpr auto max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
   if (value > max)
-    fail("tensor ", in_quotes(tensor_.name), " has shape entry ", value, " at dimension ",
-         tensor_.shape.size(), ", over INT64_MAX = ", max);
+    throw_io_error("tensor ", in_quotes(tensor_.name), " has shape entry ", value, " at dimension ",
+                   tensor_.shape.size(), ", over INT64_MAX = ", max);
   tensor_.shape.push_back(static_cast<std::int64_t>(value));
 }
 
 inline bool HeaderReader::string(json::string_t& value) {
   if (where_ == Where::metadata) {
     if (!metadata_.try_emplace(std::move(key_), std::move(value)).second)
-      fail("__metadata__ has the key ", in_quotes(key_), " twice");
+      throw_io_error("__metadata__ has the key ", in_quotes(key_), " twice");
     return true;
   }
-  if (where_ != Where::tensor || field_ != Field::dtype) unexpected("a string");
+  if (where_ != Where::tensor || field_ != HeaderField::dtype) unexpected("a string");
   const DtypeInfo* info = find_dtype(value);
-  if (info == nullptr) fail("tensor ", in_quotes(tensor_.name), " has ", unknown_dtype(value));
+  if (info == nullptr)
+    throw_io_error("tensor ", in_quotes(tensor_.name), " has ", unknown_dtype(value));
   tensor_.dtype = info->dtype;
   return true;
 }
@@ -427,7 +439,7 @@ inline bool HeaderReader::start_object(std::size_t) {
   if (where_ == Where::start) {
     where_ = Where::header;
   } else if (where_ == Where::header && key_ == metadata_key) {
-    if (metadata_seen_) fail("the header has __metadata__ twice");
+    if (metadata_seen_) throw_io_error("the header has __metadata__ twice");
     metadata_seen_ = true;
     where_ = Where::metadata;
   } else if (where_ == Where::header) {
@@ -439,10 +451,10 @@ inline bool HeaderReader::start_object(std::size_t) {
 }
 
 inline void HeaderReader::start_tensor() {
-  tensor_ = TensorEntry{};
+  tensor_ = io::TensorEntry{};
   tensor_.name = std::move(key_);
   has_field_ = {};
-  field_ = Field::none;
+  field_ = HeaderField::none;
   offsets_read_ = 0;
   where_ = Where::tensor;
 }
@@ -454,7 +466,8 @@ inline bool HeaderReader::key(json::string_t& key) {
   }
   field_ = field_named(tensor_.name, key);
   auto& seen = has_field_[static_cast<std::size_t>(field_)];
-  if (seen) fail("tensor ", in_quotes(tensor_.name), " has the field ", in_quotes(key), " twice");
+  if (seen)
+    throw_io_error("tensor ", in_quotes(tensor_.name), " has the field ", in_quotes(key), " twice");
   seen = true;
   return true;
 }
@@ -472,23 +485,23 @@ inline bool HeaderReader::end_object() {
 inline void HeaderReader::finish_tensor() {
   for (std::size_t f = 0; f < field_keys.size(); ++f)
     if (!has_field_[f])
-      fail("tensor ", in_quotes(tensor_.name), " has no ", field_keys[f],
-           "; a tensor has exactly dtype, shape and data_offsets");
+      throw_io_error("tensor ", in_quotes(tensor_.name), " has no ", field_keys[f],
+                     "; a tensor has exactly dtype, shape and data_offsets");
   tensors_.push_back(std::move(tensor_));
   where_ = Where::header;
 }
 
 inline bool HeaderReader::start_array(std::size_t) {
-  if (where_ != Where::tensor || field_ == Field::dtype) unexpected("an array");
-  where_ = field_ == Field::shape ? Where::shape : Where::data_offsets;
+  if (where_ != Where::tensor || field_ == HeaderField::dtype) unexpected("an array");
+  where_ = field_ == HeaderField::shape ? Where::shape : Where::data_offsets;
   return true;
 }
 
 inline bool HeaderReader::end_array() {
   // Only the shape and data_offsets arrays get this far: start_array admits no other.
   if (where_ == Where::data_offsets && offsets_read_ != 2)
-    fail("tensor ", in_quotes(tensor_.name), " has ", offsets_read_,
-         " data_offsets; it needs [begin, end]");
+    throw_io_error("tensor ", in_quotes(tensor_.name), " has ", offsets_read_,
+                   " data_offsets; it needs [begin, end]");
   where_ = Where::tensor;
   return true;
 }
@@ -499,8 +512,8 @@ inline bool HeaderReader::parse_error(std::size_t position, const std::string&,
   // it last read, whatever they are: keep its reason, escaped and bounded.
   std::string_view reason = error.what();
   reason.remove_prefix(std::min(reason.size(), reason.find("] ") + 2));
-  fail("the header is not valid JSON (at byte ", 8 + position,
-       " of the file): ", printable(reason, 200));
+  throw_io_error("the header is not valid JSON (at byte ", 8 + position,
+                 " of the file): ", printable(reason, 200));
 }
 
 /// Refuses the bytes nlohmann would let through but the reference rejects: a UTF-8 byte order
@@ -509,70 +522,73 @@ inline bool HeaderReader::parse_error(std::size_t position, const std::string&,
 inline void check_raw_bytes(std::span<const char> text) {
   const std::string_view bytes(text.data(), text.size());
   if (bytes.starts_with("\xEF\xBB\xBF"))
-    fail("the header starts with a UTF-8 byte order mark, which safetensors does not allow");
+    throw_io_error(
+        "the header starts with a UTF-8 byte order mark, which safetensors does not allow");
   const std::size_t nul = bytes.find('\0');
   if (nul != std::string_view::npos)
-    fail("the header has a NUL byte at byte ", 8 + nul,
-         " of the file, which JSON does not allow (writers pad with spaces)");
+    throw_io_error("the header has a NUL byte at byte ", 8 + nul,
+                   " of the file, which JSON does not allow (writers pad with spaces)");
 }
 
 /// Refuses two tensors of one name and a tensor called __metadata__ (a writer's mistake).
-inline void check_names(const std::vector<TensorEntry>& tensors) {
+inline void check_names(const std::vector<io::TensorEntry>& tensors) {
   std::vector<std::string_view> names;
   names.reserve(tensors.size());
   for (const auto& tensor : tensors) names.emplace_back(tensor.name);
   std::sort(names.begin(), names.end());
   const auto twice = std::adjacent_find(names.begin(), names.end());
-  if (twice != names.end()) fail("the tensor name ", in_quotes(*twice), " appears twice");
+  if (twice != names.end()) throw_io_error("the tensor name ", in_quotes(*twice), " appears twice");
   if (std::binary_search(names.begin(), names.end(), metadata_key))
-    fail("a tensor is called __metadata__, the key reserved for the metadata");
+    throw_io_error("a tensor is called __metadata__, the key reserved for the metadata");
 }
 
 /// Refuses an entry whose offsets are reversed, leave the data section, or disagree with its
 /// dtype and shape.
-inline void check_entry(const TensorEntry& tensor, std::uint64_t data_size) {
+inline void check_entry(const io::TensorEntry& tensor, std::uint64_t data_size) {
   if (tensor.begin > tensor.end)
-    fail("tensor ", in_quotes(tensor.name), " begins at byte ", tensor.begin,
-         " of the data section but ends at byte ", tensor.end);
+    throw_io_error("tensor ", in_quotes(tensor.name), " begins at byte ", tensor.begin,
+                   " of the data section but ends at byte ", tensor.end);
   if (tensor.end > data_size)
-    fail("tensor ", in_quotes(tensor.name), " ends at byte ", tensor.end,
-         " of the data section, which has ", data_size, " bytes");
+    throw_io_error("tensor ", in_quotes(tensor.name), " ends at byte ", tensor.end,
+                   " of the data section, which has ", data_size, " bytes");
   const std::uint64_t bytes = tensor.bytes();
   if (bytes != tensor.end - tensor.begin)
-    fail("tensor ", in_quotes(tensor.name), " has shape ", shape_text(tensor.shape), " of ",
-         to_string(tensor.dtype), ", ", bytes, " bytes, but its data_offsets [", tensor.begin, ", ",
-         tensor.end, "] span ", tensor.end - tensor.begin);
+    throw_io_error("tensor ", in_quotes(tensor.name), " has shape ", io::shape_text(tensor.shape),
+                   " of ", io::to_string(tensor.dtype), ", ", bytes,
+                   " bytes, but its data_offsets [", tensor.begin, ", ", tensor.end, "] span ",
+                   tensor.end - tensor.begin);
 }
 
 /// Refuses entries (sorted by begin) that do not tile [0, data_size) of the data section.
-inline void check_layout(const std::vector<TensorEntry>& tensors, std::uint64_t data_size) {
+inline void check_layout(const std::vector<io::TensorEntry>& tensors, std::uint64_t data_size) {
   std::uint64_t covered = 0;  // the tensors so far own exactly [0, covered)
   for (const auto& tensor : tensors) {
     check_entry(tensor, data_size);
     if (tensor.begin > covered)
-      fail("no tensor owns bytes [", covered, ", ", tensor.begin,
-           ") of the data section: the tensors before ", in_quotes(tensor.name), " end at byte ",
-           covered);
+      throw_io_error("no tensor owns bytes [", covered, ", ", tensor.begin,
+                     ") of the data section: the tensors before ", in_quotes(tensor.name),
+                     " end at byte ", covered);
     if (tensor.begin < covered)
-      fail("tensor ", in_quotes(tensor.name), " begins at byte ", tensor.begin,
-           " of the data section, inside the tensors before it, which end at byte ", covered);
+      throw_io_error("tensor ", in_quotes(tensor.name), " begins at byte ", tensor.begin,
+                     " of the data section, inside the tensors before it, which end at byte ",
+                     covered);
     covered = tensor.end;
   }
   if (covered != data_size)
-    fail("no tensor owns bytes [", covered, ", ", data_size, ") of the data section, which has ",
-         data_size, " bytes");
+    throw_io_error("no tensor owns bytes [", covered, ", ", data_size,
+                   ") of the data section, which has ", data_size, " bytes");
 }
 
 /// The header JSON as the reference writer makes it: metadata first (when there is any), the
 /// tensors in the given order, no whitespace, then spaces to a multiple of 8 bytes so that the
 /// data section starts 8-byte aligned.
 inline std::string header_json(const std::map<std::string, std::string>& metadata,
-                               const std::vector<TensorEntry>& tensors) {
+                               const std::vector<io::TensorEntry>& tensors) {
   nlohmann::ordered_json root = nlohmann::ordered_json::object();
   if (!metadata.empty()) root[std::string(metadata_key)] = metadata;
   for (const auto& tensor : tensors) {
     auto& entry = root[tensor.name];
-    entry["dtype"] = to_string(tensor.dtype);
+    entry["dtype"] = io::to_string(tensor.dtype);
     entry["shape"] = tensor.shape;
     entry["data_offsets"] = {tensor.begin, tensor.end};
   }
@@ -580,16 +596,18 @@ inline std::string header_json(const std::map<std::string, std::string>& metadat
   try {
     text = root.dump();
   } catch (const nlohmann::json::type_error&) {
-    fail("cannot write the header: a tensor name or metadata string is not valid UTF-8");
+    throw_io_error("cannot write the header: a tensor name or metadata string is not valid UTF-8");
   }
   text.append((8 - text.size() % 8) % 8, ' ');
-  if (text.size() > max_safetensors_header_length)
-    fail("the header would have ", text.size(), " bytes, over the limit of ",
-         max_safetensors_header_length);
+  if (text.size() > io::max_safetensors_header_length)
+    throw_io_error("the header would have ", text.size(), " bytes, over the limit of ",
+                   io::max_safetensors_header_length);
   return text;
 }
 
-}  // namespace detail
+}  // namespace kshard::detail
+
+namespace kshard::io {
 
 /// The header length N from the file's first 8 bytes, checked against the reference's cap
 /// (max_safetensors_header_length) and against `file_size` (8 + N bytes must fit): a reader may
@@ -648,8 +666,8 @@ inline std::string header_json(const std::map<std::string, std::string>& metadat
     TensorEntry entry{spec.name, spec.dtype, spec.shape, header.data_size, header.data_size};
     const std::uint64_t bytes = entry.bytes();
     if (bytes > std::numeric_limits<std::uint64_t>::max() - entry.begin)
-      detail::fail("the tensors up to ", detail::in_quotes(entry.name),
-                   " hold more bytes than a 64-bit size holds");
+      detail::throw_io_error("the tensors up to ", detail::in_quotes(entry.name),
+                             " hold more bytes than a 64-bit size holds");
     entry.end = entry.begin + bytes;
     header.data_size = entry.end;
     header.tensors.push_back(std::move(entry));
@@ -671,8 +689,9 @@ inline std::string header_json(const std::map<std::string, std::string>& metadat
   detail::check_layout(header.tensors, header.data_size);
   const std::string text = detail::header_json(header.metadata, header.tensors);
   if (header.header_length != text.size() || header.data_offset != 8 + text.size())
-    detail::fail("the header says header_length ", header.header_length, " and data_offset ",
-                 header.data_offset, ", but its JSON has ", text.size(), " bytes");
+    detail::throw_io_error("the header says header_length ", header.header_length,
+                           " and data_offset ", header.data_offset, ", but its JSON has ",
+                           text.size(), " bytes");
   std::vector<std::byte> bytes(8 + text.size());
   for (std::size_t i = 0; i < 8; ++i)
     bytes[i] = static_cast<std::byte>(header.header_length >> (8 * i) & 0xff);

@@ -24,8 +24,8 @@
 
 #include "kshard/detail/int_limit.hpp"
 #include "kshard/detail/kokkos_compat.hpp"
-#include "kshard/kernels/host_copy.hpp"
 #include "kshard/index.hpp"
+#include "kshard/kernels/host_copy.hpp"
 
 namespace kshard::detail {
 

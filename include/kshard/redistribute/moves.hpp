@@ -13,9 +13,10 @@
 #include <vector>
 
 #include "kshard/detail/kokkos_compat.hpp"
-#include "kshard/kernels/copies.hpp"
-#include "kshard/redistribute/plan.hpp"
 #include "kshard/index.hpp"
+#include "kshard/kernels/copies.hpp"
+#include "kshard/layout_mapping.hpp"
+#include "kshard/redistribute/plan.hpp"
 
 namespace kshard::detail {
 
@@ -58,10 +59,13 @@ class MoveList {
     moves_.push_back({from, to, count, source});
   }
 
-  // Adds the block of elements in `row_runs` x `col_runs` from `from` (of source `source`) to
-  // `to`; returns its number of elements.
-  index_t add_block(const std::vector<Overlap>& row_runs, const std::vector<Overlap>& col_runs,
-                    int source, const MoveEnd& from, const MoveEnd& to) {
+  // Adds the block of elements both `a` and `b` hold (sides a and b of their overlaps) from
+  // `from` (of source `source`) to `to`; returns its number of elements.
+  template <std::size_t A, std::size_t B>
+  index_t add_block(const LayoutMapping<A>& a, const LayoutMapping<B>& b, int source,
+                    const MoveEnd& from, const MoveEnd& to) {
+    const std::vector<Overlap> row_runs = overlaps(a.rows, b.rows);
+    const std::vector<Overlap> col_runs = overlaps(a.cols, b.cols);
     const index_t width = total_size(col_runs);
     const index_t height = total_size(row_runs);
     if (width == 0 || height == 0) return 0;

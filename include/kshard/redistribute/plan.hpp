@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -40,14 +41,7 @@ struct Geometry {
     return n;
   }
   // Coordinates of linear (row-major) rank `r`, as Mesh::coords_of.
-  [[nodiscard]] std::array<int, N> coords(int r) const {
-    std::array<int, N> c{};
-    for (std::size_t m = N; m-- > 0;) {
-      c[m] = r % shape[m];
-      r /= shape[m];
-    }
-    return c;
-  }
+  [[nodiscard]] std::array<int, N> coords(int r) const { return mesh_coords(shape, r); }
   // Distance between the linear ranks of neighbours along mesh dimension m.
   [[nodiscard]] int stride(std::size_t m) const {
     int s = 1;
@@ -208,91 +202,150 @@ StepChoice choose_step(const Geometry<N>& before, const Geometry<N>& after, std:
 
 inline MeshDimAction replicate_action() { return MeshDimAction{}; }
 
-// Same mesh: resolve the source's Partial dims that the target does not keep (reduce-scatter
-// where the target shard lies inside what the group holds, else all-reduce), then move the
-// other dims one at a time with per-dim collectives in the cheapest valid order, or, where no
-// order keeps every step inside the dims' groups, with one exact all-to-all over the mesh.
-// Target Partial dims come last and locally (see zero_dims).
+// A plan being built: its steps so far and the data layout they reach, with the reduction of
+// each mesh dimension.
 template <std::size_t N>
-Plan<N> plan_same_mesh(Geometry<N> cur, const std::array<ReduceOp, N>& src_ops,
-                       const std::array<MeshDimAction, N>& target,
-                       const std::array<ReduceOp, N>& target_ops) {
+struct PlanBuilder {
   Plan<N> plan;
-  auto push = [&](StepKind kind, std::size_t m, ReduceOp op, const Geometry<N>& next) {
+  Geometry<N> cur;
+  std::array<ReduceOp, N> cur_ops{};
+
+  // Appends a step from the current layout to `next` on mesh dimension m.
+  void push(StepKind kind, std::size_t m, ReduceOp op, const Geometry<N>& next) {
     check_message_size(std::max(cur.max_local_size(), next.max_local_size()), "redistribute");
     plan.steps.push_back(Step<N>{kind, m, op, cur, next});
     cur = next;
-  };
-  std::array<ReduceOp, N> cur_ops = src_ops;
-  // 1. Pending reductions.
+  }
+};
+
+// The source's Partial dims that the target does not keep, resolved: by a reduce-scatter where
+// the target shard lies inside what the group holds, else by an all-reduce.
+template <std::size_t N>
+void resolve_pending_reductions(PlanBuilder<N>& builder, const std::array<ReduceOp, N>& src_ops,
+                                const std::array<MeshDimAction, N>& target,
+                                const std::array<ReduceOp, N>& target_ops) {
+  Geometry<N>& cur = builder.cur;
   for (std::size_t m = 0; m < N; ++m) {
     if (cur.actions[m].kind != PlacementKind::partial) continue;
     const bool keep = target[m].kind == PlacementKind::partial && target_ops[m] == src_ops[m];
     if (keep) continue;
     if (cur.shape[m] == 1) {  // one addend: it is the value
       cur.actions[m] = target[m];
-      cur_ops[m] = target_ops[m];
+      builder.cur_ops[m] = target_ops[m];
       continue;
     }
     Geometry<N> next = cur;
     if (target[m].tensor_dim >= 0) {
       next.actions[m] = target[m];
       if (choose_step(cur, next, m).valid) {
-        push(StepKind::reduce_scatter, m, src_ops[m], next);
+        builder.push(StepKind::reduce_scatter, m, src_ops[m], next);
         continue;
       }
     }
     next.actions[m] = replicate_action();
-    push(StepKind::allreduce, m, src_ops[m], next);
+    builder.push(StepKind::allreduce, m, src_ops[m], next);
   }
-  // 2. The data layout to reach: target Partial dims not kept are Replicate for now.
+}
+
+// The data layout to reach: the target, its Partial dims not kept Replicate for now (they come
+// last and locally, see zero_dims).
+template <std::size_t N>
+std::array<MeshDimAction, N> data_goal(PlanBuilder<N>& builder,
+                                       const std::array<MeshDimAction, N>& target,
+                                       const std::array<ReduceOp, N>& target_ops) {
   std::array<MeshDimAction, N> goal = target;
   for (std::size_t m = 0; m < N; ++m) {
     if (target[m].kind != PlacementKind::partial) continue;
-    if (cur.actions[m].kind == PlacementKind::partial) continue;  // kept (or one rank)
+    if (builder.cur.actions[m].kind == PlacementKind::partial) continue;  // kept (or one rank)
     goal[m] = replicate_action();
-    plan.zero_dims[m] = target_ops[m] == ReduceOp::sum && cur.shape[m] > 1;
+    builder.plan.zero_dims[m] = target_ops[m] == ReduceOp::sum && builder.cur.shape[m] > 1;
   }
-  std::vector<std::size_t> diffs;
+  return goal;
+}
+
+// The mesh dimensions whose data must move to reach `goal`; the others hold the same indices
+// already and are relabelled.
+template <std::size_t N>
+std::vector<std::size_t> dims_to_move(PlanBuilder<N>& builder,
+                                      const std::array<MeshDimAction, N>& goal,
+                                      const std::array<ReduceOp, N>& target_ops) {
+  Geometry<N>& cur = builder.cur;
+  std::vector<std::size_t> dims;
   for (std::size_t m = 0; m < N; ++m) {
-    if (same_data(cur.actions[m], cur_ops[m], goal[m], target_ops[m], cur.shape[m]))
-      cur.actions[m] = goal[m];  // the same indices: relabel
+    if (same_data(cur.actions[m], builder.cur_ops[m], goal[m], target_ops[m], cur.shape[m]))
+      cur.actions[m] = goal[m];
     else
-      diffs.push_back(m);
+      dims.push_back(m);
   }
-  if (diffs.empty()) return plan;
+  return dims;
+}
+
+// Steps of one mesh dimension each, and what they send in all.
+template <std::size_t N>
+struct StepSequence {
+  std::vector<Step<N>> steps;
+  std::int64_t cost = 0;
+};
+
+// The steps moving `dims` from `from` to `goal` one at a time, in that order; nullopt when one
+// of them cannot stay inside its dimension's groups.
+template <std::size_t N>
+std::optional<StepSequence<N>> steps_in_order(const Geometry<N>& from,
+                                              const std::array<MeshDimAction, N>& goal,
+                                              const std::vector<std::size_t>& dims) {
+  StepSequence<N> sequence;
+  Geometry<N> g = from;
+  for (std::size_t m : dims) {
+    Geometry<N> next = g;
+    next.actions[m] = goal[m];
+    const StepChoice choice = choose_step(g, next, m);
+    if (!choice.valid) return std::nullopt;
+    sequence.steps.push_back(Step<N>{choice.kind, m, ReduceOp::sum, g, next});
+    sequence.cost += choice.cost;
+    g = next;
+  }
+  return sequence;
+}
+
+// The cheapest order of per-dimension steps over every order of `dims`; no steps when no order
+// keeps every step inside its dimension's groups.
+template <std::size_t N>
+std::vector<Step<N>> cheapest_steps(const Geometry<N>& from,
+                                    const std::array<MeshDimAction, N>& goal,
+                                    std::vector<std::size_t> dims) {
   std::vector<Step<N>> best;
   std::int64_t best_cost = std::numeric_limits<std::int64_t>::max();
   do {
-    std::vector<Step<N>> steps;
-    std::int64_t cost = 0;
-    Geometry<N> g = cur;
-    bool ok = true;
-    for (std::size_t m : diffs) {
-      Geometry<N> next = g;
-      next.actions[m] = goal[m];
-      const StepChoice choice = choose_step(g, next, m);
-      if (!choice.valid) {
-        ok = false;
-        break;
-      }
-      steps.push_back(Step<N>{choice.kind, m, ReduceOp::sum, g, next});
-      cost += choice.cost;
-      g = next;
+    std::optional<StepSequence<N>> sequence = steps_in_order(from, goal, dims);
+    if (sequence && sequence->cost < best_cost) {
+      best = std::move(sequence->steps);
+      best_cost = sequence->cost;
     }
-    if (ok && cost < best_cost) {
-      best = steps;
-      best_cost = cost;
-    }
-  } while (std::next_permutation(diffs.begin(), diffs.end()));
-  if (!best.empty()) {
-    for (const Step<N>& s : best) push(s.kind, s.dim, s.op, s.after);
-  } else {
-    Geometry<N> next = cur;
+  } while (std::next_permutation(dims.begin(), dims.end()));
+  return best;
+}
+
+// Same mesh: resolve the source's Partial dims that the target does not keep, then move the
+// other dims one at a time with per-dim collectives in the cheapest valid order, or, where no
+// order keeps every step inside the dims' groups, with one exact all-to-all over the mesh.
+// Target Partial dims come last and locally (see zero_dims).
+template <std::size_t N>
+Plan<N> plan_same_mesh(const Geometry<N>& source, const std::array<ReduceOp, N>& src_ops,
+                       const std::array<MeshDimAction, N>& target,
+                       const std::array<ReduceOp, N>& target_ops) {
+  PlanBuilder<N> builder{{}, source, src_ops};
+  resolve_pending_reductions(builder, src_ops, target, target_ops);
+  const std::array<MeshDimAction, N> goal = data_goal(builder, target, target_ops);
+  const std::vector<std::size_t> dims = dims_to_move(builder, goal, target_ops);
+  if (dims.empty()) return builder.plan;
+  const std::vector<Step<N>> steps = cheapest_steps(builder.cur, goal, dims);
+  for (const Step<N>& s : steps) builder.push(s.kind, s.dim, s.op, s.after);
+  if (steps.empty()) {
+    Geometry<N> next = builder.cur;
     next.actions = goal;
-    push(StepKind::exchange_all, 0, ReduceOp::sum, next);
+    builder.push(StepKind::exchange_all, 0, ReduceOp::sum, next);
   }
-  return plan;
+  return builder.plan;
 }
 
 // Another mesh: every pending reduction is resolved on the source mesh (all-reduce), then one
@@ -311,6 +364,46 @@ Plan<N> plan_resolve_partials(Geometry<N> cur, const std::array<ReduceOp, N>& sr
     cur = next;
   }
   return plan;
+}
+
+// Whether coordinates `coords` hold zeros: != 0 on a dimension where the target creates a
+// Partial<sum>, which keeps the value on coordinate 0 only.
+template <std::size_t N>
+bool holds_zeros(const std::array<bool, N>& zero_dims, const std::array<int, N>& coords) {
+  for (std::size_t m = 0; m < N; ++m)
+    if (zero_dims[m] && coords[m] != 0) return true;
+  return false;
+}
+
+// A move to another mesh: the source's pending reductions resolved on the source mesh
+// (`resolve`, which ends in `flat`), then one exact all-to-all over the common communicator from
+// `flat` to `goal`, the target with its Partial dims Replicate; coordinates that hold zeros
+// (`zero_dims`) receive nothing.
+template <std::size_t N, std::size_t NT>
+struct MeshChange {
+  Plan<N> resolve;
+  Geometry<N> flat;
+  Geometry<NT> goal;
+  std::array<bool, NT> zero_dims{};
+};
+
+template <std::size_t N, std::size_t NT>
+MeshChange<N, NT> plan_mesh_change(const Geometry<N>& source,
+                                   const std::array<ReduceOp, N>& src_ops,
+                                   const Geometry<NT>& target,
+                                   const std::array<ReduceOp, NT>& target_ops) {
+  MeshChange<N, NT> change{plan_resolve_partials(source, src_ops), source, target, {}};
+  for (std::size_t m = 0; m < N; ++m)
+    if (change.flat.actions[m].kind == PlacementKind::partial)
+      change.flat.actions[m] = replicate_action();
+  for (std::size_t m = 0; m < NT; ++m) {
+    if (change.goal.actions[m].kind != PlacementKind::partial) continue;
+    change.zero_dims[m] = target_ops[m] == ReduceOp::sum && change.goal.shape[m] > 1;
+    change.goal.actions[m] = replicate_action();
+  }
+  check_message_size(std::max(change.flat.max_local_size(), change.goal.max_local_size()),
+                     "redistribute");
+  return change;
 }
 
 }  // namespace kshard::detail

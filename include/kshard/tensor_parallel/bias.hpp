@@ -1,8 +1,8 @@
 #pragma once
 
 /// \file
-/// Distributed biases of the tensor-parallel linear layers (kshard/tensor_parallel/linear.hpp). A bias is an
-/// `out x 1` `DistMatrix` whose rows are split exactly as its weight's rows (the output
+/// Distributed biases of the tensor-parallel linear layers (kshard/tensor_parallel/linear.hpp). A
+/// bias is an `out x 1` `DistMatrix` whose rows are split exactly as its weight's rows (the output
 /// features) and which every other mesh dimension replicates: the column-parallel bias is then
 /// sharded like its weight's output dimension and the row-parallel bias replicated, with no
 /// slicing by hand.

@@ -1,7 +1,7 @@
 #pragma once
 
 // The argument rules shared by the tensor-parallel headers (embedding.hpp, region.hpp,
-// linear.hpp): what a layout, a view or a `tp_dim` must be, the messages that name what is
+// linear.hpp): what a layout, a view or a `TpDim` must be, the messages that name what is
 // wrong, and the agreements of the functions that communicate.
 
 #include <Kokkos_Core.hpp>
@@ -21,6 +21,7 @@
 #include "kshard/error.hpp"
 #include "kshard/format.hpp"
 #include "kshard/mesh.hpp"
+#include "kshard/tensor_parallel/tp_dim.hpp"
 
 namespace kshard::detail {
 
@@ -48,7 +49,7 @@ inline constexpr bool tp_layout_v = tp_splitting_dims<L>() == 1 && L::splits(D);
 template <class T>
 inline constexpr bool tp_float_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
-// A Kokkos view: tells an output-view argument from a `tp_dim` in overloads.
+// A Kokkos view: tells an output-view argument from a `TpDim` or a scale in overloads.
 template <class V>
 concept KokkosView = Kokkos::is_view<V>::value;
 
@@ -79,9 +80,9 @@ constexpr int mesh_dims_splitting() {
 
 // The tp_dim that layout L fixes for a call that splits tensor dimension D (the table's or the
 // column-parallel weight's rows: 0, the row-parallel weight's columns: 1): the one mesh
-// dimension that splits it. For the overloads without a `tp_dim` argument.
+// dimension that splits it. The default of every `TpDim` argument that follows a matrix.
 template <class L, int D>
-constexpr std::size_t inferred_tp_dim() {
+constexpr TpDim inferred_tp_dim() {
   static_assert(mesh_dims_splitting<L, D>() > 0,
                 "kshard: tp_dim cannot be inferred: no mesh dimension of the layout shards the "
                 "tensor-parallel dimension (the table's rows, the column-parallel weight's rows, "
@@ -92,7 +93,7 @@ constexpr std::size_t inferred_tp_dim() {
                 "weight's rows, the row-parallel weight's columns)");
   std::size_t m = 0;
   while (m + 1 < L::rank && L::tensor_dims[m] != D) ++m;
-  return m;
+  return TpDim{m};
 }
 
 // A new matrix view of the element type and memory space of `M`, as the layers return.
@@ -104,10 +105,11 @@ using tp_matrix_view_t =
 // that communicate fold this into their agreement (a `tp_dim` may differ between ranks); the
 // others throw it where it is found.
 template <class M>
-std::optional<std::string> tp_dim_problem(const M& matrix, std::size_t tp_dim, int dim,
-                                          const char* who, const char* what) {
+std::optional<std::string> tp_dim_problem(const M& matrix, TpDim given, int dim, const char* who,
+                                          const char* what) {
   using L = typename M::layout_type;
   const auto& mesh = matrix.mesh();
+  const std::size_t tp_dim = given.index();
   if (tp_dim >= L::rank)
     return fmt::format("kshard::{}: tp_dim is {}, but the mesh {} has {} dimension(s)", who, tp_dim,
                        mesh, L::rank);
@@ -158,14 +160,14 @@ std::string shape_of(const V& v) {
 // `agree_in_groups` along the mesh dimension that splits it, with the matrix (its layout and
 // mesh decide the group), `tp_dim` and the values `mesh_wide` adds agreed over the whole mesh.
 template <class M, class MeshWide, class InGroup>
-void agree_tp_call(const M& matrix, std::string_view role, std::size_t tp_dim,
+void agree_tp_call(const M& matrix, std::string_view role, TpDim tp_dim,
                    const std::optional<std::string>& problem, MeshWide&& mesh_wide,
                    InGroup&& in_group) {
   agree_in_groups(
       matrix.mesh(), splitting_dim<typename M::layout_type>(), problem,
       [&](Agreement& agreement) {
         same_matrix(agreement, matrix, role);
-        agreement.same("tp_dim", static_cast<std::int64_t>(tp_dim));
+        agreement.same("tp_dim", static_cast<std::int64_t>(tp_dim.index()));
         mesh_wide(agreement);
       },
       in_group);

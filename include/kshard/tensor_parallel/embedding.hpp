@@ -21,15 +21,17 @@
 #include <fmt/format.h>
 
 #include "kshard/bfloat16.hpp"
-#include "kshard/kernels/copies.hpp"
+#include "kshard/detail/digest.hpp"
 #include "kshard/detail/kokkos_compat.hpp"
 #include "kshard/detail/operation.hpp"
-#include "kshard/tensor_parallel/checks.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
 #include "kshard/float16.hpp"
 #include "kshard/format.hpp"
+#include "kshard/kernels/copies.hpp"
+#include "kshard/tensor_parallel/checks.hpp"
 #include "kshard/tensor_parallel/region.hpp"
+#include "kshard/tensor_parallel/tp_dim.hpp"
 
 namespace kshard {
 
@@ -78,15 +80,6 @@ struct IdSummary {
   index_t max = -1;
   std::int64_t digest = 0;  // equal lists give equal digests; different ones almost never do
 };
-
-// The splitmix64 finaliser of (id, position): summed over the positions, a digest of the whole
-// list that does not depend on the order in which the reduction adds it up.
-KOKKOS_INLINE_FUNCTION std::uint64_t mix_id(std::uint64_t id, std::uint64_t position) {
-  std::uint64_t z = id + 0x9e3779b97f4a7c15ull * (position + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 template <class IdView>
 struct IdRange {
@@ -233,15 +226,16 @@ TouchedRows<MemSpace> touched_rows(const ExecSpace& space, const Rows& rows, con
 ///
 /// `table` is `V x H`, its rows split by mesh dimension `tp_dim` only (`Shard<0>` or
 /// `StridedShard<0>` there, `Replicate` everywhere else: a compile error otherwise, or a
-/// `kshard::error` when `tp_dim` names another dimension). `ids` is a rank-1 view of int32 or
-/// int64 ids, any length N >= 0, readable from `space`, with the same values on every rank of
-/// the tp group. `out` is a rank-2 `N x H` view of `lookup_value_t<T>` (T for float and double,
-/// float for bf16), writable from `space`; its old values are overwritten. Each rank writes the
-/// rows of the ids it holds (found with the table's own mapping, so uneven vocabularies are
-/// right) scaled by `scale` in the output type, zeros elsewhere; one SUM all-reduce of the N x H
-/// output over `mesh.dim_comm(tp_dim)` (none when that dimension has extent 1) completes every
-/// row. Every element has exactly one non-zero addend, so scaling before the reduction is
-/// bit-for-bit scaling after it.
+/// `kshard::error` when `tp_dim` names another dimension). Without `tp_dim`, the mesh dimension
+/// that splits the table's rows; a scale may then follow `out` directly (the forms below). `ids`
+/// is a rank-1 view of int32 or int64 ids, any length N >= 0, readable from `space`, with the same
+/// values on every rank of the tp group. `out` is a rank-2 `N x H` view of `lookup_value_t<T>` (T
+/// for float and double, float for bf16), writable from `space`; its old values are overwritten.
+/// Each rank writes the rows of the ids it holds (found with the table's own mapping, so uneven
+/// vocabularies are right) scaled by `scale` in the output type, zeros elsewhere; one SUM
+/// all-reduce of the N x H output over `mesh.dim_comm(tp_dim)` (none when that dimension has extent
+/// 1) completes every row. Every element has exactly one non-zero addend, so scaling before the
+/// reduction is bit-for-bit scaling after it.
 ///
 /// Ids outside [0, V) and a wrongly shaped `out` are checked with two reductions over `ids`
 /// (range and a digest). First the table (its layout and mesh choose the tp group), `tp_dim`
@@ -254,7 +248,9 @@ TouchedRows<MemSpace> touched_rows(const ExecSpace& space, const Rows& rows, con
 template <class ExecSpace, ValuedMatrix M, class IdView, detail::KokkosView OutView>
 requires detail::ExecutionSpaceFor<ExecSpace, M>
 void vocab_parallel_lookup(const ExecSpace& space, const M& table, const IdView& ids,
-                           const OutView& out, std::size_t tp_dim, double scale = 1.0) {
+                           const OutView& out,
+                           TpDim tp_dim = detail::inferred_tp_dim<typename M::layout_type, 0>(),
+                           double scale = 1.0) {
   using T = typename M::value_type;
   using Out = lookup_value_t<T>;
   detail::check_lookup_types<ExecSpace, M, IdView>();
@@ -308,15 +304,16 @@ void vocab_parallel_lookup(const ExecSpace& space, const M& table, const IdView&
 /// table's execution space.
 template <ValuedMatrix M, class IdView, detail::KokkosView OutView>
 void vocab_parallel_lookup(const M& table, const IdView& ids, const OutView& out,
-                           std::size_t tp_dim, double scale = 1.0) {
+                           TpDim tp_dim = detail::inferred_tp_dim<typename M::layout_type, 0>(),
+                           double scale = 1.0) {
   vocab_parallel_lookup(typename M::execution_space{}, table, ids, out, tp_dim, scale);
 }
 
 /// The same lookup into a new `N x H` LayoutRight view in the table's memory space, returned.
 template <class ExecSpace, ValuedMatrix M, class IdView>
 requires detail::ExecutionSpaceFor<ExecSpace, M> lookup_view_t<M> vocab_parallel_lookup(
-    const ExecSpace& space, const M& table, const IdView& ids, std::size_t tp_dim,
-    double scale = 1.0) {
+    const ExecSpace& space, const M& table, const IdView& ids,
+    TpDim tp_dim = detail::inferred_tp_dim<typename M::layout_type, 0>(), double scale = 1.0) {
   lookup_view_t<M> out(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::vocab_parallel_lookup"),
       ids.extent(0), static_cast<std::size_t>(table.cols()));
@@ -327,8 +324,9 @@ requires detail::ExecutionSpaceFor<ExecSpace, M> lookup_view_t<M> vocab_parallel
 /// `vocab_parallel_lookup(space, table, ids, tp_dim, scale)` on a default instance of the
 /// table's execution space.
 template <ValuedMatrix M, class IdView>
-lookup_view_t<M> vocab_parallel_lookup(const M& table, const IdView& ids, std::size_t tp_dim,
-                                       double scale = 1.0) {
+lookup_view_t<M> vocab_parallel_lookup(
+    const M& table, const IdView& ids,
+    TpDim tp_dim = detail::inferred_tp_dim<typename M::layout_type, 0>(), double scale = 1.0) {
   return vocab_parallel_lookup(typename M::execution_space{}, table, ids, tp_dim, scale);
 }
 
@@ -343,12 +341,14 @@ lookup_view_t<M> vocab_parallel_lookup(const M& table, const IdView& ids, std::s
 ///
 /// Errors (`kshard::error`, thrown before anything is written, on every rank when the
 /// replicated arguments are wrong everywhere): `grad_output` not N x H, an id outside [0, V),
-/// a padding id outside [0, V), `tp_dim` not the table's row-splitting dimension.
-template <class ExecSpace, ValuedMatrix M, class IdView, class GradView, std::integral TpDim>
+/// a padding id outside [0, V), `tp_dim` not the table's row-splitting dimension (without
+/// `tp_dim`, that dimension; a scale may then follow `grad_output` directly).
+template <class ExecSpace, ValuedMatrix M, class IdView, class GradView>
 requires detail::ExecutionSpaceFor<ExecSpace, M>
-void vocab_parallel_lookup_backward(const ExecSpace& space, const M& grad_table, const IdView& ids,
-                                    const GradView& grad_output, TpDim tp_dim, double scale = 1.0,
-                                    std::optional<index_t> padding_id = std::nullopt) {
+void vocab_parallel_lookup_backward(
+    const ExecSpace& space, const M& grad_table, const IdView& ids, const GradView& grad_output,
+    TpDim tp_dim = detail::inferred_tp_dim<typename M::layout_type, 0>(), double scale = 1.0,
+    std::optional<index_t> padding_id = std::nullopt) {
   using T = typename M::value_type;
   using Out = lookup_value_t<T>;
   const char* who = "vocab_parallel_lookup_backward";
@@ -364,8 +364,7 @@ void vocab_parallel_lookup_backward(const ExecSpace& space, const M& grad_table,
       "kshard::vocab_parallel_lookup_backward: grad_output must be readable from the execution "
       "space it runs on");
 
-  detail::throw_if(detail::tp_dim_problem(grad_table, static_cast<std::size_t>(tp_dim), 0, who,
-                                          "gradient table"));
+  detail::throw_if(detail::tp_dim_problem(grad_table, tp_dim, 0, who, "gradient table"));
   const auto n = static_cast<index_t>(ids.extent(0));
   const index_t vocab = grad_table.rows();
   const index_t h = grad_table.cols();
@@ -390,26 +389,27 @@ void vocab_parallel_lookup_backward(const ExecSpace& space, const M& grad_table,
 
 /// `vocab_parallel_lookup_backward(space, grad_table, ids, grad_output, tp_dim, scale,
 /// padding_id)` on a default instance of the table's execution space.
-template <ValuedMatrix M, class IdView, class GradView, std::integral TpDim>
-void vocab_parallel_lookup_backward(const M& grad_table, const IdView& ids,
-                                    const GradView& grad_output, TpDim tp_dim, double scale = 1.0,
-                                    std::optional<index_t> padding_id = std::nullopt) {
+template <ValuedMatrix M, class IdView, class GradView>
+void vocab_parallel_lookup_backward(
+    const M& grad_table, const IdView& ids, const GradView& grad_output,
+    TpDim tp_dim = detail::inferred_tp_dim<typename M::layout_type, 0>(), double scale = 1.0,
+    std::optional<index_t> padding_id = std::nullopt) {
   vocab_parallel_lookup_backward(typename M::execution_space{}, grad_table, ids, grad_output,
                                  tp_dim, scale, padding_id);
 }
 
 // ---------------------------------------------------------------------------------------------
-// The same lookup and backward with tp_dim inferred: the one mesh dimension that splits the
-// table's rows (a layout where none or more than one does is a compile error). An integer
-// after the ids (or after `out`, `grad_output`) is a tp_dim; a floating-point one is a scale.
+// The same lookup and backward with a scale right after `out` (`grad_output`, or the ids where
+// the lookup returns its output): `tp_dim` inferred. Only a floating-point number is a scale;
+// a `TpDim` says which mesh dimension.
 
 /// `vocab_parallel_lookup(space, table, ids, out, tp_dim, scale)` with `tp_dim` the mesh
 /// dimension that splits the table's rows.
 template <class ExecSpace, ValuedMatrix M, class IdView, detail::KokkosView OutView,
-          std::floating_point Scale = double>
+          std::floating_point Scale>
 requires detail::ExecutionSpaceFor<ExecSpace, M>
 void vocab_parallel_lookup(const ExecSpace& space, const M& table, const IdView& ids,
-                           const OutView& out, Scale scale = 1.0) {
+                           const OutView& out, Scale scale) {
   vocab_parallel_lookup(space, table, ids, out,
                         detail::inferred_tp_dim<typename M::layout_type, 0>(),
                         static_cast<double>(scale));
@@ -417,18 +417,16 @@ void vocab_parallel_lookup(const ExecSpace& space, const M& table, const IdView&
 
 /// `vocab_parallel_lookup(space, table, ids, out, scale)` on a default instance of the table's
 /// execution space.
-template <ValuedMatrix M, class IdView, detail::KokkosView OutView,
-          std::floating_point Scale = double>
-void vocab_parallel_lookup(const M& table, const IdView& ids, const OutView& out,
-                           Scale scale = 1.0) {
+template <ValuedMatrix M, class IdView, detail::KokkosView OutView, std::floating_point Scale>
+void vocab_parallel_lookup(const M& table, const IdView& ids, const OutView& out, Scale scale) {
   vocab_parallel_lookup(typename M::execution_space{}, table, ids, out, scale);
 }
 
 /// `vocab_parallel_lookup(space, table, ids, tp_dim, scale)` with `tp_dim` the mesh dimension
 /// that splits the table's rows: the lookup into a new view.
-template <class ExecSpace, ValuedMatrix M, class IdView, std::floating_point Scale = double>
+template <class ExecSpace, ValuedMatrix M, class IdView, std::floating_point Scale>
 requires detail::ExecutionSpaceFor<ExecSpace, M> lookup_view_t<M> vocab_parallel_lookup(
-    const ExecSpace& space, const M& table, const IdView& ids, Scale scale = 1.0) {
+    const ExecSpace& space, const M& table, const IdView& ids, Scale scale) {
   return vocab_parallel_lookup(space, table, ids,
                                detail::inferred_tp_dim<typename M::layout_type, 0>(),
                                static_cast<double>(scale));
@@ -436,18 +434,17 @@ requires detail::ExecutionSpaceFor<ExecSpace, M> lookup_view_t<M> vocab_parallel
 
 /// `vocab_parallel_lookup(space, table, ids, scale)` on a default instance of the table's
 /// execution space.
-template <ValuedMatrix M, class IdView, std::floating_point Scale = double>
-lookup_view_t<M> vocab_parallel_lookup(const M& table, const IdView& ids, Scale scale = 1.0) {
+template <ValuedMatrix M, class IdView, std::floating_point Scale>
+lookup_view_t<M> vocab_parallel_lookup(const M& table, const IdView& ids, Scale scale) {
   return vocab_parallel_lookup(typename M::execution_space{}, table, ids, scale);
 }
 
 /// `vocab_parallel_lookup_backward(space, grad_table, ids, grad_output, tp_dim, scale,
 /// padding_id)` with `tp_dim` the mesh dimension that splits the table's rows.
-template <class ExecSpace, ValuedMatrix M, class IdView, class GradView,
-          std::floating_point Scale = double>
+template <class ExecSpace, ValuedMatrix M, class IdView, class GradView, std::floating_point Scale>
 requires detail::ExecutionSpaceFor<ExecSpace, M>
 void vocab_parallel_lookup_backward(const ExecSpace& space, const M& grad_table, const IdView& ids,
-                                    const GradView& grad_output, Scale scale = 1.0,
+                                    const GradView& grad_output, Scale scale,
                                     std::optional<index_t> padding_id = std::nullopt) {
   vocab_parallel_lookup_backward(space, grad_table, ids, grad_output,
                                  detail::inferred_tp_dim<typename M::layout_type, 0>(),
@@ -456,12 +453,70 @@ void vocab_parallel_lookup_backward(const ExecSpace& space, const M& grad_table,
 
 /// `vocab_parallel_lookup_backward(space, grad_table, ids, grad_output, scale, padding_id)` on
 /// a default instance of the table's execution space.
-template <ValuedMatrix M, class IdView, class GradView, std::floating_point Scale = double>
+template <ValuedMatrix M, class IdView, class GradView, std::floating_point Scale>
 void vocab_parallel_lookup_backward(const M& grad_table, const IdView& ids,
-                                    const GradView& grad_output, Scale scale = 1.0,
+                                    const GradView& grad_output, Scale scale,
                                     std::optional<index_t> padding_id = std::nullopt) {
   vocab_parallel_lookup_backward(typename M::execution_space{}, grad_table, ids, grad_output, scale,
                                  padding_id);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deprecated, kept for one release: the mesh dimension as a bare integer after the ids (or after
+// `out`, `grad_output`).
+
+/// \deprecated `vocab_parallel_lookup(space, table, ids, out, kshard::TpDim{tp_dim}, scale)`.
+template <class ExecSpace, ValuedMatrix M, class IdView, detail::KokkosView OutView,
+          std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] void vocab_parallel_lookup(
+    const ExecSpace& space, const M& table, const IdView& ids, const OutView& out, Index tp_dim,
+    double scale = 1.0) requires detail::ExecutionSpaceFor<ExecSpace, M> {
+  vocab_parallel_lookup(space, table, ids, out, TpDim{tp_dim}, scale);
+}
+
+/// \deprecated `vocab_parallel_lookup(table, ids, out, kshard::TpDim{tp_dim}, scale)`.
+template <ValuedMatrix M, class IdView, detail::KokkosView OutView, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] void vocab_parallel_lookup(const M& table, const IdView& ids,
+                                                                  const OutView& out, Index tp_dim,
+                                                                  double scale = 1.0) {
+  vocab_parallel_lookup(table, ids, out, TpDim{tp_dim}, scale);
+}
+
+/// \deprecated `vocab_parallel_lookup(space, table, ids, kshard::TpDim{tp_dim}, scale)`.
+template <class ExecSpace, ValuedMatrix M, class IdView, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] lookup_view_t<M> vocab_parallel_lookup(
+    const ExecSpace& space, const M& table, const IdView& ids, Index tp_dim,
+    double scale = 1.0) requires detail::ExecutionSpaceFor<ExecSpace, M> {
+  return vocab_parallel_lookup(space, table, ids, TpDim{tp_dim}, scale);
+}
+
+/// \deprecated `vocab_parallel_lookup(table, ids, kshard::TpDim{tp_dim}, scale)`.
+template <ValuedMatrix M, class IdView, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] lookup_view_t<M> vocab_parallel_lookup(const M& table,
+                                                                              const IdView& ids,
+                                                                              Index tp_dim,
+                                                                              double scale = 1.0) {
+  return vocab_parallel_lookup(table, ids, TpDim{tp_dim}, scale);
+}
+
+/// \deprecated `vocab_parallel_lookup_backward(space, grad_table, ids, grad_output,
+/// kshard::TpDim{tp_dim}, scale, padding_id)`.
+template <class ExecSpace, ValuedMatrix M, class IdView, class GradView, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] void vocab_parallel_lookup_backward(
+    const ExecSpace& space, const M& grad_table, const IdView& ids, const GradView& grad_output,
+    Index tp_dim, double scale = 1.0, std::optional<index_t> padding_id = std::nullopt) requires
+    detail::ExecutionSpaceFor<ExecSpace, M> {
+  vocab_parallel_lookup_backward(space, grad_table, ids, grad_output, TpDim{tp_dim}, scale,
+                                 padding_id);
+}
+
+/// \deprecated `vocab_parallel_lookup_backward(grad_table, ids, grad_output,
+/// kshard::TpDim{tp_dim}, scale, padding_id)`.
+template <ValuedMatrix M, class IdView, class GradView, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] void vocab_parallel_lookup_backward(
+    const M& grad_table, const IdView& ids, const GradView& grad_output, Index tp_dim,
+    double scale = 1.0, std::optional<index_t> padding_id = std::nullopt) {
+  vocab_parallel_lookup_backward(grad_table, ids, grad_output, TpDim{tp_dim}, scale, padding_id);
 }
 
 }  // namespace kshard

@@ -7,6 +7,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <concepts>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -14,17 +15,18 @@
 
 #include <fmt/format.h>
 
-#include "kshard/tensor_parallel/bias.hpp"
 #include "kshard/comm/agreement.hpp"
-#include "kshard/kernels/column_sums.hpp"
-#include "kshard/kernels/copies.hpp"
-#include "kshard/kernels/gemm.hpp"
 #include "kshard/detail/operation.hpp"
-#include "kshard/tensor_parallel/checks.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
 #include "kshard/format.hpp"
+#include "kshard/kernels/column_sums.hpp"
+#include "kshard/kernels/copies.hpp"
+#include "kshard/kernels/gemm.hpp"
+#include "kshard/tensor_parallel/bias.hpp"
+#include "kshard/tensor_parallel/checks.hpp"
 #include "kshard/tensor_parallel/region.hpp"
+#include "kshard/tensor_parallel/tp_dim.hpp"
 
 namespace kshard {
 
@@ -33,8 +35,8 @@ struct no_bias_t {
   explicit constexpr no_bias_t() = default;
 };
 
-/// Passed where a linear layer takes a bias (or a bias gradient): there is none. The same as
-/// the overloads without that argument.
+/// Passed where a linear layer takes a bias (or a bias gradient): there is none. The default of
+/// that argument; given, it lets a `kshard::TpDim` follow.
 inline constexpr no_bias_t no_bias{};
 
 namespace detail {
@@ -149,7 +151,7 @@ tp_matrix_view_t<W> layer_result(const std::string& label, std::size_t n, index_
 // Row-parallel forward: y = allreduce_tp(x_local W_local^T) (+ bias).
 template <class ExecSpace, class W, class X, class B>
 tp_matrix_view_t<W> row_forward(const ExecSpace& space, const W& weight, const X& x_local,
-                                const B& bias, std::size_t tp_dim) {
+                                const B& bias, TpDim tp_dim) {
   static_assert(tp_layout_v<typename W::layout_type, 1>,
                 "kshard::row_parallel_linear: the weight's columns (input features) must be split "
                 "over exactly one mesh dimension (the tp dimension), its rows not at all, and "
@@ -193,7 +195,7 @@ tp_matrix_view_t<W> row_forward(const ExecSpace& space, const W& weight, const X
 template <class ExecSpace, class W, class G, class X, class GY, class GB>
 tp_matrix_view_t<W> row_backward(const ExecSpace& space, const W& weight, const X& x_local,
                                  const GY& grad_y, const G& grad_weight, const GB& grad_bias,
-                                 std::size_t tp_dim) {
+                                 TpDim tp_dim) {
   static_assert(tp_layout_v<typename W::layout_type, 1>,
                 "kshard::row_parallel_linear_backward: the weight's columns must be split over "
                 "exactly one mesh dimension (the tp dimension) and nothing else");
@@ -232,7 +234,7 @@ tp_matrix_view_t<W> row_backward(const ExecSpace& space, const W& weight, const 
 // Column-parallel forward: y_local = x W_local^T (+ bias_local). No communication.
 template <class ExecSpace, class W, class X, class B>
 tp_matrix_view_t<W> column_forward(const ExecSpace& space, const W& weight, const X& x,
-                                   const B& bias_local, std::size_t tp_dim) {
+                                   const B& bias_local, TpDim tp_dim) {
   static_assert(tp_layout_v<typename W::layout_type, 0>,
                 "kshard::column_parallel_linear: the weight's rows (output features) must be "
                 "split over exactly one mesh dimension (the tp dimension), its columns not at "
@@ -266,7 +268,7 @@ tp_matrix_view_t<W> column_forward(const ExecSpace& space, const W& weight, cons
 template <class ExecSpace, class W, class G, class X, class GY, class GB>
 tp_matrix_view_t<W> column_backward(const ExecSpace& space, const W& weight, const X& x,
                                     const GY& grad_y_local, const G& grad_weight,
-                                    const GB& grad_bias_local, std::size_t tp_dim) {
+                                    const GB& grad_bias_local, TpDim tp_dim) {
   static_assert(tp_layout_v<typename W::layout_type, 0>,
                 "kshard::column_parallel_linear_backward: the weight's rows must be split over "
                 "exactly one mesh dimension (the tp dimension) and nothing else");
@@ -325,86 +327,59 @@ tp_matrix_view_t<W> column_backward(const ExecSpace& space, const W& weight, con
 /// all-reduce; the bias is added on `space` after it, not waited for).
 ///
 /// `weight` is `out x in` with its columns (input features) split over mesh dimension `tp_dim`
-/// only (`Shard<1>` or `StridedShard<1>`), float or double. `x_local` is `[N, in_local]`: this
-/// rank's input features, in the order of `weight.mapping().cols` (the output of a
-/// column-parallel layer whose weight rows are split the same way, for example). `bias` is the
-/// replicated `[out]` bias (a view, or the `out x 1` DistMatrix of `kshard::distribute_bias`),
-/// added once, after the reduction, or `kshard::no_bias`. One agreement over the mesh on the
-/// weight (its layout and mesh choose the tp group), `tp_dim`, the bias's presence and every
-/// rank's shapes, then on N within the tp group (in the same agreement where the tp group is
-/// the whole mesh, else in two more: the group's, then the mesh's on its outcome), so a wrong or
-/// differing value on any rank is the same `kshard::error` everywhere; then one all-reduce of
-/// N x out elements over `mesh.dim_comm(tp_dim)` (none when that dimension has extent 1).
-template <class ExecSpace, ValuedMatrix W, class X, detail::BiasArgument B>
+/// only (`Shard<1>` or `StridedShard<1>`), float or double; without `tp_dim`, the mesh
+/// dimension that splits them. `x_local` is `[N, in_local]`: this rank's input features, in the
+/// order of `weight.mapping().cols` (the output of a column-parallel layer whose weight rows
+/// are split the same way, for example). `bias` is the replicated `[out]` bias (a view, or the
+/// `out x 1` DistMatrix of `kshard::distribute_bias`), added once, after the reduction, or
+/// `kshard::no_bias` (the default; pass it to give `tp_dim` without a bias). One agreement over
+/// the mesh on the weight (its layout and mesh choose the tp group), `tp_dim`, the bias's
+/// presence and every rank's shapes, then on N within the tp group (in the same agreement
+/// where the tp group is the whole mesh, else in two more: the group's, then the mesh's on its
+/// outcome), so a wrong or differing value on any rank is the same `kshard::error` everywhere;
+/// then one all-reduce of N x out elements over `mesh.dim_comm(tp_dim)` (none when that
+/// dimension has extent 1).
+template <class ExecSpace, ValuedMatrix W, class X, detail::BiasArgument B = no_bias_t>
 requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W> row_parallel_linear(
-    const ExecSpace& space, const W& weight, const X& x_local, const B& bias, std::size_t tp_dim) {
+    const ExecSpace& space, const W& weight, const X& x_local, const B& bias = no_bias,
+    TpDim tp_dim = detail::inferred_tp_dim<typename W::layout_type, 1>()) {
   return detail::row_forward(space, weight, x_local, bias, tp_dim);
-}
-
-/// `row_parallel_linear(space, weight, x_local, kshard::no_bias, tp_dim)`.
-template <class ExecSpace, ValuedMatrix W, class X>
-requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W> row_parallel_linear(
-    const ExecSpace& space, const W& weight, const X& x_local, std::size_t tp_dim) {
-  return detail::row_forward(space, weight, x_local, no_bias, tp_dim);
 }
 
 /// `row_parallel_linear(space, weight, x_local, bias, tp_dim)` on a default instance of the
 /// weight's execution space.
-template <ValuedMatrix W, class X, detail::BiasArgument B>
-detail::tp_matrix_view_t<W> row_parallel_linear(const W& weight, const X& x_local, const B& bias,
-                                                std::size_t tp_dim) {
+template <ValuedMatrix W, class X, detail::BiasArgument B = no_bias_t>
+detail::tp_matrix_view_t<W> row_parallel_linear(
+    const W& weight, const X& x_local, const B& bias = no_bias,
+    TpDim tp_dim = detail::inferred_tp_dim<typename W::layout_type, 1>()) {
   return detail::row_forward(typename W::execution_space{}, weight, x_local, bias, tp_dim);
-}
-
-/// Row-parallel linear layer forward without a bias.
-template <ValuedMatrix W, class X>
-detail::tp_matrix_view_t<W> row_parallel_linear(const W& weight, const X& x_local,
-                                                std::size_t tp_dim) {
-  return detail::row_forward(typename W::execution_space{}, weight, x_local, no_bias, tp_dim);
 }
 
 /// Row-parallel linear layer backward, from the replicated output gradient `grad_y` `[N, out]`:
 /// returns `grad_x_local = grad_y * W_local` `[N, in_local]`, adds `grad_y^T * x_local` to
 /// `grad_weight`'s local shard (laid out like `weight`, on the same mesh) and the column sums of
 /// `grad_y` to the replicated `grad_bias` `[out]` (a view or a bias DistMatrix; unless it is
-/// `kshard::no_bias`). Runs on
-/// `space`, not waited for. No communication; argument errors throw `kshard::error` on the
-/// ranks that see them, before anything is written.
+/// `kshard::no_bias`, the default). `tp_dim` as for the forward. Runs on `space`, not waited
+/// for. No communication; argument errors throw `kshard::error` on the ranks that see them,
+/// before anything is written.
 template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY,
-          detail::BiasArgument GB>
+          detail::BiasArgument GB = no_bias_t>
 requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W>
 row_parallel_linear_backward(const ExecSpace& space, const W& weight, const X& x_local,
-                             const GY& grad_y, const G& grad_weight, const GB& grad_bias,
-                             std::size_t tp_dim) {
+                             const GY& grad_y, const G& grad_weight, const GB& grad_bias = no_bias,
+                             TpDim tp_dim = detail::inferred_tp_dim<typename W::layout_type, 1>()) {
   return detail::row_backward(space, weight, x_local, grad_y, grad_weight, grad_bias, tp_dim);
 }
 
-/// `row_parallel_linear_backward(space, weight, x_local, grad_y, grad_weight, kshard::no_bias,
-/// tp_dim)`.
-template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY>
-requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W>
-row_parallel_linear_backward(const ExecSpace& space, const W& weight, const X& x_local,
-                             const GY& grad_y, const G& grad_weight, std::size_t tp_dim) {
-  return detail::row_backward(space, weight, x_local, grad_y, grad_weight, no_bias, tp_dim);
-}
-
-/// `row_parallel_linear_backward(space, ...)` on a default instance of the weight's execution
-/// space.
-template <ValuedMatrix W, ValuedMatrix G, class X, class GY, detail::BiasArgument GB>
-detail::tp_matrix_view_t<W> row_parallel_linear_backward(const W& weight, const X& x_local,
-                                                         const GY& grad_y, const G& grad_weight,
-                                                         const GB& grad_bias, std::size_t tp_dim) {
+/// `row_parallel_linear_backward(space, weight, x_local, grad_y, grad_weight, grad_bias,
+/// tp_dim)` on a default instance of the weight's execution space.
+template <ValuedMatrix W, ValuedMatrix G, class X, class GY, detail::BiasArgument GB = no_bias_t>
+detail::tp_matrix_view_t<W> row_parallel_linear_backward(
+    const W& weight, const X& x_local, const GY& grad_y, const G& grad_weight,
+    const GB& grad_bias = no_bias,
+    TpDim tp_dim = detail::inferred_tp_dim<typename W::layout_type, 1>()) {
   return detail::row_backward(typename W::execution_space{}, weight, x_local, grad_y, grad_weight,
                               grad_bias, tp_dim);
-}
-
-/// Row-parallel linear layer backward without a bias.
-template <ValuedMatrix W, ValuedMatrix G, class X, class GY>
-detail::tp_matrix_view_t<W> row_parallel_linear_backward(const W& weight, const X& x_local,
-                                                         const GY& grad_y, const G& grad_weight,
-                                                         std::size_t tp_dim) {
-  return detail::row_backward(typename W::execution_space{}, weight, x_local, grad_y, grad_weight,
-                              no_bias, tp_dim);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -415,37 +390,26 @@ detail::tp_matrix_view_t<W> row_parallel_linear_backward(const W& weight, const 
 /// `weight.mapping().rows`, in that order), computed on `space`, not waited for.
 ///
 /// `weight` is `out x in` with its rows (output features) split over mesh dimension `tp_dim`
-/// only (`Shard<0>` or `StridedShard<0>`), float or double. `x` is the replicated `[N, in]`
-/// input, `bias_local` this rank's `[out_local]` slice of the bias, the whole bias as the
-/// `out x 1` DistMatrix of `kshard::distribute_bias` (split like the weight's rows, checked
-/// against its layout: the same `kshard::error` on every rank), or `kshard::no_bias`. No
-/// communication.
-template <class ExecSpace, ValuedMatrix W, class X, detail::BiasArgument B>
+/// only (`Shard<0>` or `StridedShard<0>`), float or double; without `tp_dim`, the mesh
+/// dimension that splits them. `x` is the replicated `[N, in]` input, `bias_local` this rank's
+/// `[out_local]` slice of the bias, the whole bias as the `out x 1` DistMatrix of
+/// `kshard::distribute_bias` (split like the weight's rows, checked against its layout: the
+/// same `kshard::error` on every rank), or `kshard::no_bias` (the default; pass it to give
+/// `tp_dim` without a bias). No communication.
+template <class ExecSpace, ValuedMatrix W, class X, detail::BiasArgument B = no_bias_t>
 requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W> column_parallel_linear(
-    const ExecSpace& space, const W& weight, const X& x, const B& bias_local, std::size_t tp_dim) {
+    const ExecSpace& space, const W& weight, const X& x, const B& bias_local = no_bias,
+    TpDim tp_dim = detail::inferred_tp_dim<typename W::layout_type, 0>()) {
   return detail::column_forward(space, weight, x, bias_local, tp_dim);
-}
-
-/// `column_parallel_linear(space, weight, x, kshard::no_bias, tp_dim)`.
-template <class ExecSpace, ValuedMatrix W, class X>
-requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W> column_parallel_linear(
-    const ExecSpace& space, const W& weight, const X& x, std::size_t tp_dim) {
-  return detail::column_forward(space, weight, x, no_bias, tp_dim);
 }
 
 /// `column_parallel_linear(space, weight, x, bias_local, tp_dim)` on a default instance of the
 /// weight's execution space.
-template <ValuedMatrix W, class X, detail::BiasArgument B>
-detail::tp_matrix_view_t<W> column_parallel_linear(const W& weight, const X& x, const B& bias_local,
-                                                   std::size_t tp_dim) {
+template <ValuedMatrix W, class X, detail::BiasArgument B = no_bias_t>
+detail::tp_matrix_view_t<W> column_parallel_linear(
+    const W& weight, const X& x, const B& bias_local = no_bias,
+    TpDim tp_dim = detail::inferred_tp_dim<typename W::layout_type, 0>()) {
   return detail::column_forward(typename W::execution_space{}, weight, x, bias_local, tp_dim);
-}
-
-/// Column-parallel linear layer forward without a bias.
-template <ValuedMatrix W, class X>
-detail::tp_matrix_view_t<W> column_parallel_linear(const W& weight, const X& x,
-                                                   std::size_t tp_dim) {
-  return detail::column_forward(typename W::execution_space{}, weight, x, no_bias, tp_dim);
 }
 
 /// Column-parallel linear layer backward, from this rank's output gradient slice
@@ -453,136 +417,182 @@ detail::tp_matrix_view_t<W> column_parallel_linear(const W& weight, const X& x,
 /// W_local)` `[N, in]`, adds `grad_y_local^T * x` to `grad_weight`'s local shard (laid out like
 /// `weight`, on the same mesh) and the column sums of `grad_y_local` to `grad_bias_local`
 /// `[out_local]` (or to the local rows of a bias DistMatrix laid out like `distribute_bias`'s;
-/// unless it is `kshard::no_bias`). Runs on `space` (fenced before the
-/// all-reduce). One agreement over the mesh on the weight (its layout and mesh choose the tp
-/// group), the gradient matrix, `tp_dim` and every rank's shapes, then on N within the tp group
-/// (in the same agreement where the tp group is the whole mesh, else in two more), so every rank
-/// throws the same `kshard::error` before anything is written; then one all-reduce of N x in
-/// elements over `mesh.dim_comm(tp_dim)` (none when that dimension has extent 1).
+/// unless it is `kshard::no_bias`, the default). `tp_dim` as for the forward. Runs on `space`
+/// (fenced before the all-reduce). One agreement over the mesh on the weight (its layout and
+/// mesh choose the tp group), the gradient matrix, `tp_dim` and every rank's shapes, then on N
+/// within the tp group (in the same agreement where the tp group is the whole mesh, else in two
+/// more), so every rank throws the same `kshard::error` before anything is written; then one
+/// all-reduce of N x in elements over `mesh.dim_comm(tp_dim)` (none when that dimension has
+/// extent 1).
 template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY,
-          detail::BiasArgument GB>
+          detail::BiasArgument GB = no_bias_t>
 requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W>
-column_parallel_linear_backward(const ExecSpace& space, const W& weight, const X& x,
-                                const GY& grad_y_local, const G& grad_weight,
-                                const GB& grad_bias_local, std::size_t tp_dim) {
+column_parallel_linear_backward(
+    const ExecSpace& space, const W& weight, const X& x, const GY& grad_y_local,
+    const G& grad_weight, const GB& grad_bias_local = no_bias,
+    TpDim tp_dim = detail::inferred_tp_dim<typename W::layout_type, 0>()) {
   return detail::column_backward(space, weight, x, grad_y_local, grad_weight, grad_bias_local,
                                  tp_dim);
 }
 
 /// `column_parallel_linear_backward(space, weight, x, grad_y_local, grad_weight,
-/// kshard::no_bias, tp_dim)`.
-template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY>
-requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W>
-column_parallel_linear_backward(const ExecSpace& space, const W& weight, const X& x,
-                                const GY& grad_y_local, const G& grad_weight, std::size_t tp_dim) {
-  return detail::column_backward(space, weight, x, grad_y_local, grad_weight, no_bias, tp_dim);
-}
-
-/// `column_parallel_linear_backward(space, ...)` on a default instance of the weight's
-/// execution space.
-template <ValuedMatrix W, ValuedMatrix G, class X, class GY, detail::BiasArgument GB>
-detail::tp_matrix_view_t<W> column_parallel_linear_backward(const W& weight, const X& x,
-                                                            const GY& grad_y_local,
-                                                            const G& grad_weight,
-                                                            const GB& grad_bias_local,
-                                                            std::size_t tp_dim) {
+/// grad_bias_local, tp_dim)` on a default instance of the weight's execution space.
+template <ValuedMatrix W, ValuedMatrix G, class X, class GY, detail::BiasArgument GB = no_bias_t>
+detail::tp_matrix_view_t<W> column_parallel_linear_backward(
+    const W& weight, const X& x, const GY& grad_y_local, const G& grad_weight,
+    const GB& grad_bias_local = no_bias,
+    TpDim tp_dim = detail::inferred_tp_dim<typename W::layout_type, 0>()) {
   return detail::column_backward(typename W::execution_space{}, weight, x, grad_y_local,
                                  grad_weight, grad_bias_local, tp_dim);
 }
 
-/// Column-parallel linear layer backward without a bias.
-template <ValuedMatrix W, ValuedMatrix G, class X, class GY>
-detail::tp_matrix_view_t<W> column_parallel_linear_backward(const W& weight, const X& x,
-                                                            const GY& grad_y_local,
-                                                            const G& grad_weight,
-                                                            std::size_t tp_dim) {
-  return detail::column_backward(typename W::execution_space{}, weight, x, grad_y_local,
-                                 grad_weight, no_bias, tp_dim);
-}
-
 // ---------------------------------------------------------------------------------------------
-// The same layers with tp_dim inferred: the one mesh dimension that splits the weight's input
-// features (row-parallel) or output features (column-parallel). A layout where no mesh
-// dimension, or more than one, splits them does not compile. The bias (gradient) may be left
-// out: `kshard::no_bias`.
+// Deprecated, kept for one release: the mesh dimension as a bare integer, last (after the bias,
+// or in its place).
 
-/// `row_parallel_linear(space, weight, x_local, bias, tp_dim)` with `tp_dim` the mesh dimension
-/// that splits the weight's columns.
-template <class ExecSpace, ValuedMatrix W, class X, detail::BiasArgument B = no_bias_t>
-requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W> row_parallel_linear(
-    const ExecSpace& space, const W& weight, const X& x_local, const B& bias = no_bias) {
-  return detail::row_forward(space, weight, x_local, bias,
-                             detail::inferred_tp_dim<typename W::layout_type, 1>());
+/// \deprecated `row_parallel_linear(space, weight, x_local, bias, kshard::TpDim{tp_dim})`.
+template <class ExecSpace, ValuedMatrix W, class X, detail::BiasArgument B, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] detail::tp_matrix_view_t<W> row_parallel_linear(
+    const ExecSpace& space, const W& weight, const X& x_local, const B& bias,
+    Index tp_dim) requires detail::ExecutionSpaceFor<ExecSpace, W> {
+  return row_parallel_linear(space, weight, x_local, bias, TpDim{tp_dim});
 }
 
-/// `row_parallel_linear(space, weight, x_local, bias)`, `tp_dim` inferred, on a default instance
-/// of the weight's execution space.
-template <ValuedMatrix W, class X, detail::BiasArgument B = no_bias_t>
-detail::tp_matrix_view_t<W> row_parallel_linear(const W& weight, const X& x_local,
-                                                const B& bias = no_bias) {
-  return row_parallel_linear(typename W::execution_space{}, weight, x_local, bias);
+/// \deprecated `row_parallel_linear(space, weight, x_local, kshard::no_bias,
+/// kshard::TpDim{tp_dim})`.
+template <class ExecSpace, ValuedMatrix W, class X, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] detail::tp_matrix_view_t<W> row_parallel_linear(
+    const ExecSpace& space, const W& weight, const X& x_local,
+    Index tp_dim) requires detail::ExecutionSpaceFor<ExecSpace, W> {
+  return row_parallel_linear(space, weight, x_local, no_bias, TpDim{tp_dim});
 }
 
-/// `row_parallel_linear_backward(space, weight, x_local, grad_y, grad_weight, grad_bias,
-/// tp_dim)` with `tp_dim` the mesh dimension that splits the weight's columns.
+/// \deprecated `row_parallel_linear(weight, x_local, bias, kshard::TpDim{tp_dim})`.
+template <ValuedMatrix W, class X, detail::BiasArgument B, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] detail::tp_matrix_view_t<W> row_parallel_linear(
+    const W& weight, const X& x_local, const B& bias, Index tp_dim) {
+  return row_parallel_linear(weight, x_local, bias, TpDim{tp_dim});
+}
+
+/// \deprecated `row_parallel_linear(weight, x_local, kshard::no_bias, kshard::TpDim{tp_dim})`.
+template <ValuedMatrix W, class X, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] detail::tp_matrix_view_t<W> row_parallel_linear(
+    const W& weight, const X& x_local, Index tp_dim) {
+  return row_parallel_linear(weight, x_local, no_bias, TpDim{tp_dim});
+}
+
+/// \deprecated `row_parallel_linear_backward(space, weight, x_local, grad_y, grad_weight,
+/// grad_bias, kshard::TpDim{tp_dim})`.
 template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY,
-          detail::BiasArgument GB = no_bias_t>
-requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W>
-row_parallel_linear_backward(const ExecSpace& space, const W& weight, const X& x_local,
-                             const GY& grad_y, const G& grad_weight,
-                             const GB& grad_bias = no_bias) {
-  return detail::row_backward(space, weight, x_local, grad_y, grad_weight, grad_bias,
-                              detail::inferred_tp_dim<typename W::layout_type, 1>());
+          detail::BiasArgument GB, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] detail::tp_matrix_view_t<W> row_parallel_linear_backward(
+    const ExecSpace& space, const W& weight, const X& x_local, const GY& grad_y,
+    const G& grad_weight, const GB& grad_bias,
+    Index tp_dim) requires detail::ExecutionSpaceFor<ExecSpace, W> {
+  return row_parallel_linear_backward(space, weight, x_local, grad_y, grad_weight, grad_bias,
+                                      TpDim{tp_dim});
 }
 
-/// `row_parallel_linear_backward(space, ...)`, `tp_dim` inferred, on a default instance of the
-/// weight's execution space.
-template <ValuedMatrix W, ValuedMatrix G, class X, class GY, detail::BiasArgument GB = no_bias_t>
-detail::tp_matrix_view_t<W> row_parallel_linear_backward(const W& weight, const X& x_local,
-                                                         const GY& grad_y, const G& grad_weight,
-                                                         const GB& grad_bias = no_bias) {
-  return row_parallel_linear_backward(typename W::execution_space{}, weight, x_local, grad_y,
-                                      grad_weight, grad_bias);
+/// \deprecated `row_parallel_linear_backward(space, weight, x_local, grad_y, grad_weight,
+/// kshard::no_bias, kshard::TpDim{tp_dim})`.
+template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] detail::tp_matrix_view_t<W> row_parallel_linear_backward(
+    const ExecSpace& space, const W& weight, const X& x_local, const GY& grad_y,
+    const G& grad_weight, Index tp_dim) requires detail::ExecutionSpaceFor<ExecSpace, W> {
+  return row_parallel_linear_backward(space, weight, x_local, grad_y, grad_weight, no_bias,
+                                      TpDim{tp_dim});
 }
 
-/// `column_parallel_linear(space, weight, x, bias_local, tp_dim)` with `tp_dim` the mesh
-/// dimension that splits the weight's rows.
-template <class ExecSpace, ValuedMatrix W, class X, detail::BiasArgument B = no_bias_t>
-requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W> column_parallel_linear(
-    const ExecSpace& space, const W& weight, const X& x, const B& bias_local = no_bias) {
-  return detail::column_forward(space, weight, x, bias_local,
-                                detail::inferred_tp_dim<typename W::layout_type, 0>());
+/// \deprecated `row_parallel_linear_backward(weight, x_local, grad_y, grad_weight, grad_bias,
+/// kshard::TpDim{tp_dim})`.
+template <ValuedMatrix W, ValuedMatrix G, class X, class GY, detail::BiasArgument GB,
+          std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] detail::tp_matrix_view_t<W> row_parallel_linear_backward(
+    const W& weight, const X& x_local, const GY& grad_y, const G& grad_weight, const GB& grad_bias,
+    Index tp_dim) {
+  return row_parallel_linear_backward(weight, x_local, grad_y, grad_weight, grad_bias,
+                                      TpDim{tp_dim});
 }
 
-/// `column_parallel_linear(space, weight, x, bias_local)`, `tp_dim` inferred, on a default
-/// instance of the weight's execution space.
-template <ValuedMatrix W, class X, detail::BiasArgument B = no_bias_t>
-detail::tp_matrix_view_t<W> column_parallel_linear(const W& weight, const X& x,
-                                                   const B& bias_local = no_bias) {
-  return column_parallel_linear(typename W::execution_space{}, weight, x, bias_local);
+/// \deprecated `row_parallel_linear_backward(weight, x_local, grad_y, grad_weight,
+/// kshard::no_bias, kshard::TpDim{tp_dim})`.
+template <ValuedMatrix W, ValuedMatrix G, class X, class GY, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] detail::tp_matrix_view_t<W> row_parallel_linear_backward(
+    const W& weight, const X& x_local, const GY& grad_y, const G& grad_weight, Index tp_dim) {
+  return row_parallel_linear_backward(weight, x_local, grad_y, grad_weight, no_bias, TpDim{tp_dim});
 }
 
-/// `column_parallel_linear_backward(space, weight, x, grad_y_local, grad_weight,
-/// grad_bias_local, tp_dim)` with `tp_dim` the mesh dimension that splits the weight's rows.
+/// \deprecated `column_parallel_linear(space, weight, x, bias_local, kshard::TpDim{tp_dim})`.
+template <class ExecSpace, ValuedMatrix W, class X, detail::BiasArgument B, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] detail::tp_matrix_view_t<W> column_parallel_linear(
+    const ExecSpace& space, const W& weight, const X& x, const B& bias_local,
+    Index tp_dim) requires detail::ExecutionSpaceFor<ExecSpace, W> {
+  return column_parallel_linear(space, weight, x, bias_local, TpDim{tp_dim});
+}
+
+/// \deprecated `column_parallel_linear(space, weight, x, kshard::no_bias,
+/// kshard::TpDim{tp_dim})`.
+template <class ExecSpace, ValuedMatrix W, class X, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] detail::tp_matrix_view_t<W> column_parallel_linear(
+    const ExecSpace& space, const W& weight, const X& x,
+    Index tp_dim) requires detail::ExecutionSpaceFor<ExecSpace, W> {
+  return column_parallel_linear(space, weight, x, no_bias, TpDim{tp_dim});
+}
+
+/// \deprecated `column_parallel_linear(weight, x, bias_local, kshard::TpDim{tp_dim})`.
+template <ValuedMatrix W, class X, detail::BiasArgument B, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] detail::tp_matrix_view_t<W> column_parallel_linear(
+    const W& weight, const X& x, const B& bias_local, Index tp_dim) {
+  return column_parallel_linear(weight, x, bias_local, TpDim{tp_dim});
+}
+
+/// \deprecated `column_parallel_linear(weight, x, kshard::no_bias, kshard::TpDim{tp_dim})`.
+template <ValuedMatrix W, class X, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] detail::tp_matrix_view_t<W> column_parallel_linear(
+    const W& weight, const X& x, Index tp_dim) {
+  return column_parallel_linear(weight, x, no_bias, TpDim{tp_dim});
+}
+
+/// \deprecated `column_parallel_linear_backward(space, weight, x, grad_y_local, grad_weight,
+/// grad_bias_local, kshard::TpDim{tp_dim})`.
 template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY,
-          detail::BiasArgument GB = no_bias_t>
-requires detail::ExecutionSpaceFor<ExecSpace, W> detail::tp_matrix_view_t<W>
-column_parallel_linear_backward(const ExecSpace& space, const W& weight, const X& x,
-                                const GY& grad_y_local, const G& grad_weight,
-                                const GB& grad_bias_local = no_bias) {
-  return detail::column_backward(space, weight, x, grad_y_local, grad_weight, grad_bias_local,
-                                 detail::inferred_tp_dim<typename W::layout_type, 0>());
+          detail::BiasArgument GB, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] detail::tp_matrix_view_t<W> column_parallel_linear_backward(
+    const ExecSpace& space, const W& weight, const X& x, const GY& grad_y_local,
+    const G& grad_weight, const GB& grad_bias_local,
+    Index tp_dim) requires detail::ExecutionSpaceFor<ExecSpace, W> {
+  return column_parallel_linear_backward(space, weight, x, grad_y_local, grad_weight,
+                                         grad_bias_local, TpDim{tp_dim});
 }
 
-/// `column_parallel_linear_backward(space, ...)`, `tp_dim` inferred, on a default instance of
-/// the weight's execution space.
-template <ValuedMatrix W, ValuedMatrix G, class X, class GY, detail::BiasArgument GB = no_bias_t>
-detail::tp_matrix_view_t<W> column_parallel_linear_backward(const W& weight, const X& x,
-                                                            const GY& grad_y_local,
-                                                            const G& grad_weight,
-                                                            const GB& grad_bias_local = no_bias) {
-  return column_parallel_linear_backward(typename W::execution_space{}, weight, x, grad_y_local,
-                                         grad_weight, grad_bias_local);
+/// \deprecated `column_parallel_linear_backward(space, weight, x, grad_y_local, grad_weight,
+/// kshard::no_bias, kshard::TpDim{tp_dim})`.
+template <class ExecSpace, ValuedMatrix W, ValuedMatrix G, class X, class GY, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] detail::tp_matrix_view_t<W> column_parallel_linear_backward(
+    const ExecSpace& space, const W& weight, const X& x, const GY& grad_y_local,
+    const G& grad_weight, Index tp_dim) requires detail::ExecutionSpaceFor<ExecSpace, W> {
+  return column_parallel_linear_backward(space, weight, x, grad_y_local, grad_weight, no_bias,
+                                         TpDim{tp_dim});
+}
+
+/// \deprecated `column_parallel_linear_backward(weight, x, grad_y_local, grad_weight,
+/// grad_bias_local, kshard::TpDim{tp_dim})`.
+template <ValuedMatrix W, ValuedMatrix G, class X, class GY, detail::BiasArgument GB,
+          std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] detail::tp_matrix_view_t<W> column_parallel_linear_backward(
+    const W& weight, const X& x, const GY& grad_y_local, const G& grad_weight,
+    const GB& grad_bias_local, Index tp_dim) {
+  return column_parallel_linear_backward(weight, x, grad_y_local, grad_weight, grad_bias_local,
+                                         TpDim{tp_dim});
+}
+
+/// \deprecated `column_parallel_linear_backward(weight, x, grad_y_local, grad_weight,
+/// kshard::no_bias, kshard::TpDim{tp_dim})`.
+template <ValuedMatrix W, ValuedMatrix G, class X, class GY, std::integral Index>
+[[deprecated("use kshard::TpDim{m}")]] detail::tp_matrix_view_t<W> column_parallel_linear_backward(
+    const W& weight, const X& x, const GY& grad_y_local, const G& grad_weight, Index tp_dim) {
+  return column_parallel_linear_backward(weight, x, grad_y_local, grad_weight, no_bias,
+                                         TpDim{tp_dim});
 }
 
 }  // namespace kshard

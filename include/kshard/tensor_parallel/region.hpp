@@ -8,6 +8,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -17,11 +18,12 @@
 #include <fmt/format.h>
 
 #include "kshard/detail/kokkos_compat.hpp"
-#include "kshard/tensor_parallel/checks.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
 #include "kshard/format.hpp"
 #include "kshard/mesh.hpp"
+#include "kshard/tensor_parallel/checks.hpp"
+#include "kshard/tensor_parallel/tp_dim.hpp"
 
 namespace kshard {
 
@@ -54,9 +56,9 @@ void allreduce_sum_any(const ExecSpace& space, const View& values, const comm::G
 // In-place SUM of `values` over mesh dimension `tp_dim`, after `space` wrote them (none when that
 // dimension has extent 1): the reduction of the lookup, the linear layers and reduce_from_tp.
 template <class ExecSpace, std::size_t N, class View>
-void sum_over_tp(const ExecSpace& space, const Mesh<N>& mesh, std::size_t tp_dim,
-                 const View& values) {
-  if (mesh.extent(tp_dim) > 1) allreduce_sum_any(space, values, mesh.dim_group(tp_dim));
+void sum_over_tp(const ExecSpace& space, const Mesh<N>& mesh, TpDim tp_dim, const View& values) {
+  if (mesh.extent(tp_dim.index()) > 1)
+    allreduce_sum_any(space, values, mesh.dim_group(tp_dim.index()));
 }
 
 }  // namespace detail
@@ -64,21 +66,21 @@ void sum_over_tp(const ExecSpace& space, const Mesh<N>& mesh, std::size_t tp_dim
 /// Forward of "reduce from the tensor-parallel region" (Megatron's
 /// `reduce_from_tensor_model_parallel_region`): replaces `values` (a rank-1 or rank-2 view of
 /// float, double, int32 or int64) in place by their SUM over the ranks along mesh dimension
-/// `tp_dim`, once the work `space` submitted is done (it is fenced before the all-reduce, which
-/// it waits for). Collective over `mesh`: `tp_dim` and the mesh (its shape and names), which
-/// choose the group, are agreed over the whole mesh first; then the element type, rank and
-/// extents of `values`, which must be the same within a tp group (ranks of different tp groups
-/// may reduce different extents): in the same agreement where the tp group is the whole mesh,
-/// else within the group and once more over the mesh (3 fixed-size agreements), then the
-/// all-reduce over `mesh.dim_comm(tp_dim)` (none when that dimension has extent 1). A `tp_dim`
-/// outside the mesh or values that differ within a tp group throw the same `kshard::error` on
-/// every rank, with `values` unchanged, instead of truncating or hanging in the all-reduce. In
-/// a pipeline-parallel program, pass the mesh of the calling stage (its dp x tp ranks), as for
-/// every other collective: a mesh that holds other stages would make the call wait for them.
+/// `tp_dim` (`kshard::TpDim{m}`; a mesh has no layout to infer it from), once the work `space`
+/// submitted is done (it is fenced before the all-reduce, which it waits for). Collective over
+/// `mesh`: `tp_dim` and the mesh (its shape and names), which choose the group, are agreed over the
+/// whole mesh first; then the element type, rank and extents of `values`, which must be the same
+/// within a tp group (ranks of different tp groups may reduce different extents): in the same
+/// agreement where the tp group is the whole mesh, else within the group and once more over the
+/// mesh (3 fixed-size agreements), then the all-reduce over `mesh.dim_comm(tp_dim)` (none when that
+/// dimension has extent 1). A `tp_dim` outside the mesh or values that differ within a tp group
+/// throw the same `kshard::error` on every rank, with `values` unchanged, instead of truncating or
+/// hanging in the all-reduce. In a pipeline-parallel program, pass the mesh of the calling stage
+/// (its dp x tp ranks), as for every other collective: a mesh that holds other stages would make
+/// the call wait for them.
 template <class ExecSpace, std::size_t N, class View>
 requires detail::ExecutionSpaceFor<ExecSpace, View>
-void reduce_from_tp(const ExecSpace& space, const Mesh<N>& mesh, std::size_t tp_dim,
-                    const View& values) {
+void reduce_from_tp(const ExecSpace& space, const Mesh<N>& mesh, TpDim tp_dim, const View& values) {
   static_assert(detail::is_view_of_rank<View>(1) || detail::is_view_of_rank<View>(2),
                 "kshard::reduce_from_tp: values must be a rank-1 or rank-2 Kokkos::View");
   using T = typename View::non_const_value_type;
@@ -87,14 +89,14 @@ void reduce_from_tp(const ExecSpace& space, const Mesh<N>& mesh, std::size_t tp_
       "kshard::reduce_from_tp: values must be float, double, int32 or int64");
   const detail::Operation operation("reduce_from_tp");
   std::optional<std::string> problem;
-  if (tp_dim >= N)
+  if (tp_dim.index() >= N)
     problem =
         fmt::format("kshard::reduce_from_tp: tp_dim is {}, but the mesh {} has {} dimension(s)",
-                    tp_dim, mesh, N);
+                    tp_dim.index(), mesh, N);
   detail::agree_in_groups(
-      mesh, tp_dim, problem,
+      mesh, tp_dim.index(), problem,
       [&](detail::Agreement& agreement) {
-        agreement.same("tp_dim", static_cast<std::int64_t>(tp_dim));
+        agreement.same("tp_dim", static_cast<std::int64_t>(tp_dim.index()));
         detail::same_mesh(agreement, "the mesh", mesh);
       },
       [&](detail::Agreement& agreement) {
@@ -104,14 +106,13 @@ void reduce_from_tp(const ExecSpace& space, const Mesh<N>& mesh, std::size_t tp_
           agreement.same(fmt::format("extent {} of values", d),
                          static_cast<index_t>(values.extent(d)));
       });
-  if (mesh.extent(tp_dim) == 1) return;
-  detail::allreduce_sum_any(space, values, mesh.dim_group(tp_dim));
+  detail::sum_over_tp(space, mesh, tp_dim, values);
 }
 
 /// `reduce_from_tp(space, mesh, tp_dim, values)` on a default instance of `ExecSpace` (by
 /// default the view's execution space).
 template <class ExecSpace = void, std::size_t N, class View>
-void reduce_from_tp(const Mesh<N>& mesh, std::size_t tp_dim, const View& values) {
+void reduce_from_tp(const Mesh<N>& mesh, TpDim tp_dim, const View& values) {
   using Exec =
       std::conditional_t<std::is_void_v<ExecSpace>, typename View::execution_space, ExecSpace>;
   reduce_from_tp(Exec{}, mesh, tp_dim, values);
@@ -148,7 +149,7 @@ requires detail::ExecutionSpaceFor<ExecSpace, View>
 /// (on `space`).
 template <class ExecSpace, std::size_t N, class View>
 requires detail::ExecutionSpaceFor<ExecSpace, View>
-void copy_to_tp_backward(const ExecSpace& space, const Mesh<N>& mesh, std::size_t tp_dim,
+void copy_to_tp_backward(const ExecSpace& space, const Mesh<N>& mesh, TpDim tp_dim,
                          const View& grad) {
   reduce_from_tp(space, mesh, tp_dim, grad);
 }
@@ -156,8 +157,41 @@ void copy_to_tp_backward(const ExecSpace& space, const Mesh<N>& mesh, std::size_
 /// `copy_to_tp_backward(space, mesh, tp_dim, grad)` on a default instance of `ExecSpace` (by
 /// default the view's execution space).
 template <class ExecSpace = void, std::size_t N, class View>
-void copy_to_tp_backward(const Mesh<N>& mesh, std::size_t tp_dim, const View& grad) {
+void copy_to_tp_backward(const Mesh<N>& mesh, TpDim tp_dim, const View& grad) {
   reduce_from_tp<ExecSpace>(mesh, tp_dim, grad);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deprecated, kept for one release: the mesh dimension as a bare integer.
+
+/// \deprecated `reduce_from_tp(space, mesh, kshard::TpDim{tp_dim}, values)`.
+template <class ExecSpace, std::size_t N, std::integral Index, class View>
+[[deprecated("use kshard::TpDim{m}")]] void reduce_from_tp(
+    const ExecSpace& space, const Mesh<N>& mesh, Index tp_dim,
+    const View& values) requires detail::ExecutionSpaceFor<ExecSpace, View> {
+  reduce_from_tp(space, mesh, TpDim{tp_dim}, values);
+}
+
+/// \deprecated `reduce_from_tp<ExecSpace>(mesh, kshard::TpDim{tp_dim}, values)`.
+template <class ExecSpace = void, std::size_t N, std::integral Index, class View>
+[[deprecated("use kshard::TpDim{m}")]] void reduce_from_tp(const Mesh<N>& mesh, Index tp_dim,
+                                                           const View& values) {
+  reduce_from_tp<ExecSpace>(mesh, TpDim{tp_dim}, values);
+}
+
+/// \deprecated `copy_to_tp_backward(space, mesh, kshard::TpDim{tp_dim}, grad)`.
+template <class ExecSpace, std::size_t N, std::integral Index, class View>
+[[deprecated("use kshard::TpDim{m}")]] void copy_to_tp_backward(
+    const ExecSpace& space, const Mesh<N>& mesh, Index tp_dim,
+    const View& grad) requires detail::ExecutionSpaceFor<ExecSpace, View> {
+  copy_to_tp_backward(space, mesh, TpDim{tp_dim}, grad);
+}
+
+/// \deprecated `copy_to_tp_backward<ExecSpace>(mesh, kshard::TpDim{tp_dim}, grad)`.
+template <class ExecSpace = void, std::size_t N, std::integral Index, class View>
+[[deprecated("use kshard::TpDim{m}")]] void copy_to_tp_backward(const Mesh<N>& mesh, Index tp_dim,
+                                                                const View& grad) {
+  copy_to_tp_backward<ExecSpace>(mesh, TpDim{tp_dim}, grad);
 }
 
 }  // namespace kshard

@@ -2,7 +2,8 @@
 
 // MPI-IO for kshard::io: an owning file handle, owning datatypes, and the datatype that selects
 // one rank's shard inside a row-major tensor on disk. Every call is checked and its bytes are
-// counted in io_stats(). The only place where kshard::io calls MPI-IO.
+// counted in io_stats(). The only place where kshard::io names MPI: the rest of io speaks in
+// groups (comm::Group), byte offsets and ShardTypes.
 
 #include <climits>
 #include <cstdint>
@@ -13,31 +14,30 @@
 
 #include <fmt/format.h>
 
+#include "kshard/comm/group.hpp"
 #include "kshard/comm/mpi.hpp"
 #include "kshard/error.hpp"
 #include "kshard/index.hpp"
 #include "kshard/io/io_stats.hpp"
 #include "kshard/layout_mapping.hpp"
 
-namespace kshard::io::detail {
-
-using kshard::detail::check_mpi;
+namespace kshard::detail {
 
 // Owns a committed MPI datatype.
-class Datatype {
+class MpiType {
  public:
-  Datatype() = default;
-  explicit Datatype(MPI_Datatype type) : type_(type) {
+  MpiType() = default;
+  explicit MpiType(MPI_Datatype type) : type_(type) {
     check_mpi(MPI_Type_commit(&type_), "MPI_Type_commit");
   }
-  Datatype(Datatype&& other) noexcept : type_(std::exchange(other.type_, MPI_DATATYPE_NULL)) {}
-  Datatype& operator=(Datatype&& other) noexcept {
+  MpiType(MpiType&& other) noexcept : type_(std::exchange(other.type_, MPI_DATATYPE_NULL)) {}
+  MpiType& operator=(MpiType&& other) noexcept {
     std::swap(type_, other.type_);
     return *this;
   }
-  Datatype(const Datatype&) = delete;
-  Datatype& operator=(const Datatype&) = delete;
-  ~Datatype() {
+  MpiType(const MpiType&) = delete;
+  MpiType& operator=(const MpiType&) = delete;
+  ~MpiType() {
     if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
   }
   [[nodiscard]] MPI_Datatype get() const { return type_; }
@@ -51,8 +51,8 @@ inline MPI_Datatype contiguous_bytes(index_t count, int element_bytes) {
   MPI_Datatype element = MPI_DATATYPE_NULL;
   check_mpi(MPI_Type_contiguous(element_bytes, MPI_BYTE, &element), "MPI_Type_contiguous");
   MPI_Datatype type = MPI_DATATYPE_NULL;
-  const int rc = MPI_Type_contiguous(
-      kshard::detail::checked_int(count, "io", "a row's element count"), element, &type);
+  const int rc =
+      MPI_Type_contiguous(checked_int(count, "io", "a row's element count"), element, &type);
   MPI_Type_free(&element);
   check_mpi(rc, "MPI_Type_contiguous");
   return type;
@@ -65,15 +65,14 @@ inline MPI_Datatype runs_type(const std::vector<IndexRun>& runs, MPI_Aint stride
   std::vector<int> lengths;
   std::vector<MPI_Aint> displacements;
   for (const IndexRun& run : runs) {
-    lengths.push_back(
-        kshard::detail::checked_int(run.size, "io", "a run of consecutive rows or columns"));
+    lengths.push_back(checked_int(run.size, "io", "a run of consecutive rows or columns"));
     displacements.push_back(static_cast<MPI_Aint>(run.global_begin) * stride);
   }
   MPI_Datatype type = MPI_DATATYPE_NULL;
-  check_mpi(MPI_Type_create_hindexed(
-                kshard::detail::checked_int(static_cast<index_t>(runs.size()), "io", "a run count"),
-                lengths.data(), displacements.data(), base, &type),
-            "MPI_Type_create_hindexed");
+  check_mpi(
+      MPI_Type_create_hindexed(checked_int(static_cast<index_t>(runs.size()), "io", "a run count"),
+                               lengths.data(), displacements.data(), base, &type),
+      "MPI_Type_create_hindexed");
   return type;
 }
 
@@ -86,18 +85,17 @@ inline MPI_Datatype rows_type(const std::vector<IndexRun>& runs, MPI_Aint row_by
   std::vector<MPI_Aint> displacements;
   for (const IndexRun& run : runs) {
     MPI_Datatype vector = MPI_DATATYPE_NULL;
-    check_mpi(MPI_Type_create_hvector(
-                  kshard::detail::checked_int(run.size, "io", "a run of consecutive rows"), 1,
-                  row_bytes, row, &vector),
+    check_mpi(MPI_Type_create_hvector(checked_int(run.size, "io", "a run of consecutive rows"), 1,
+                                      row_bytes, row, &vector),
               "MPI_Type_create_hvector");
     vectors.push_back(vector);
     displacements.push_back(static_cast<MPI_Aint>(run.global_begin) * row_bytes);
   }
   const std::vector<int> ones(vectors.size(), 1);
   MPI_Datatype type = MPI_DATATYPE_NULL;
-  const int rc = MPI_Type_create_struct(
-      kshard::detail::checked_int(static_cast<index_t>(vectors.size()), "io", "a run count"),
-      ones.data(), displacements.data(), vectors.data(), &type);
+  const int rc =
+      MPI_Type_create_struct(checked_int(static_cast<index_t>(vectors.size()), "io", "a run count"),
+                             ones.data(), displacements.data(), vectors.data(), &type);
   for (MPI_Datatype& vector : vectors) MPI_Type_free(&vector);
   check_mpi(rc, "MPI_Type_create_struct");
   return type;
@@ -108,9 +106,9 @@ inline MPI_Datatype rows_type(const std::vector<IndexRun>& runs, MPI_Aint row_by
 // `count` items of `memory` in memory match the `file` type's bytes on disk. Row and column
 // counts stay below 2^31 because a row is one datatype, as Open MPI 4.1 has no large counts.
 struct ShardTypes {
-  Datatype file;    // the shard's bytes in the tensor, as a file view's filetype
-  Datatype memory;  // one shard row in memory
-  int count = 0;    // shard rows
+  MpiType file;    // the shard's bytes in the tensor, as a file view's filetype
+  MpiType memory;  // one shard row in memory
+  int count = 0;   // shard rows
   index_t bytes = 0;
 };
 
@@ -131,68 +129,76 @@ ShardTypes shard_types(const LayoutMapping<N>& mapping, const std::vector<IndexR
   MPI_Type_free(&element);
   MPI_Datatype file = rows_type(row_runs, row_bytes, row);
   MPI_Type_free(&row);
-  types.file = Datatype(file);
-  types.memory = Datatype(contiguous_bytes(cols, element_bytes));
-  types.count = kshard::detail::checked_int(rows, "io", "a shard's row count");
+  types.file = MpiType(file);
+  types.memory = MpiType(contiguous_bytes(cols, element_bytes));
+  types.count = checked_int(rows, "io", "a shard's row count");
   types.bytes = rows * cols * element_bytes;
   return types;
 }
+
+// How a file is opened: read only, or write only (an existing file: kshard::io creates files
+// with O_EXCL on rank 0 before it opens them here).
+enum class FileAccess { read, write };
 
 // An MPI file opened collectively; closed (collectively) when the handle goes. Errors return
 // codes (MPI's default for files), which every call checks. A collective read or write that
 // moves fewer bytes than asked is reported by close(), not where it happens: a rank that threw
 // there would leave the others waiting in the next collective call (a view reset, the close).
-class File {
+class MpiFile {
  public:
-  File(MPI_Comm comm, const std::string& path, int mode) : path_(path) {
-    const int rc = MPI_File_open(comm, path.c_str(), mode, MPI_INFO_NULL, &file_);
+  // Collective over `group`.
+  MpiFile(const comm::Group& group, const std::string& path, FileAccess access) : path_(path) {
+    const int mode = access == FileAccess::read ? MPI_MODE_RDONLY : MPI_MODE_WRONLY;
+    const int rc = MPI_File_open(group.native(), path.c_str(), mode, MPI_INFO_NULL, &file_);
     if (rc != MPI_SUCCESS) {
       file_ = MPI_FILE_NULL;
       throw error(fmt::format("kshard::io: cannot open '{}': {}", path, mpi_error_text(rc)));
     }
   }
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-  ~File() {
+  MpiFile(const MpiFile&) = delete;
+  MpiFile& operator=(const MpiFile&) = delete;
+  ~MpiFile() {
     if (file_ != MPI_FILE_NULL) MPI_File_close(&file_);
   }
 
-  // Collective: this rank's view becomes `filetype` at byte `offset`.
-  void set_view(MPI_Offset offset, MPI_Datatype filetype) {
-    char native[] = "native";
-    check_mpi(MPI_File_set_view(file_, offset, MPI_BYTE, filetype, native, MPI_INFO_NULL),
-              "MPI_File_set_view");
-  }
-  // Collective: reads `count` items of `type` through the view.
-  void read_all(void* data, int count, MPI_Datatype type, index_t bytes) {
+  // Collective: reads this rank's shard (`types`, none where types.count is 0) of the tensor at
+  // byte `offset` into `data`, through a file view of the shard.
+  void read_shard(std::uint64_t offset, const ShardTypes& types, void* data) {
+    set_view(offset, view_of(types));
     MPI_Status status;
-    check_mpi(MPI_File_read_at_all(file_, 0, data, count, type, &status), "MPI_File_read_at_all");
-    if (!short_transfer_) short_transfer_ = count_problem(status, bytes, "read");
-    io_stats().bytes_read += bytes;
+    check_mpi(MPI_File_read_at_all(file_, 0, data, types.count, memory_of(types), &status),
+              "MPI_File_read_at_all");
+    if (!short_transfer_) short_transfer_ = count_problem(status, types.bytes, "read");
+    io::io_stats().bytes_read += types.bytes;
+    set_view(0, MPI_BYTE);
   }
-  // Collective: writes `count` items of `type` through the view.
-  void write_all(const void* data, int count, MPI_Datatype type, index_t bytes) {
+  // Collective: writes this rank's shard of the tensor at byte `offset` from `data`.
+  void write_shard(std::uint64_t offset, const ShardTypes& types, const void* data) {
+    set_view(offset, view_of(types));
     MPI_Status status;
-    check_mpi(MPI_File_write_at_all(file_, 0, data, count, type, &status), "MPI_File_write_at_all");
-    if (!short_transfer_) short_transfer_ = count_problem(status, bytes, "wrote");
-    io_stats().bytes_written += bytes;
+    check_mpi(MPI_File_write_at_all(file_, 0, data, types.count, memory_of(types), &status),
+              "MPI_File_write_at_all");
+    if (!short_transfer_) short_transfer_ = count_problem(status, types.bytes, "wrote");
+    io::io_stats().bytes_written += types.bytes;
+    set_view(0, MPI_BYTE);
   }
-  // Independent: `bytes` bytes at `offset` (under the default view, bytes from the start).
-  void read_at(MPI_Offset offset, void* data, int bytes) {
+  // Independent: `bytes` bytes at byte `offset`.
+  void read_at(std::uint64_t offset, void* data, int bytes) {
     MPI_Status status;
-    check_mpi(MPI_File_read_at(file_, offset, data, bytes, MPI_BYTE, &status), "MPI_File_read_at");
+    check_mpi(
+        MPI_File_read_at(file_, static_cast<MPI_Offset>(offset), data, bytes, MPI_BYTE, &status),
+        "MPI_File_read_at");
     if (auto problem = count_problem(status, bytes, "read")) throw error(*problem);
-    io_stats().bytes_read += bytes;
+    io::io_stats().bytes_read += bytes;
   }
-  void write_at(MPI_Offset offset, const void* data, int bytes) {
+  void write_at(std::uint64_t offset, const void* data, int bytes) {
     MPI_Status status;
-    check_mpi(MPI_File_write_at(file_, offset, data, bytes, MPI_BYTE, &status),
-              "MPI_File_write_at");
+    check_mpi(
+        MPI_File_write_at(file_, static_cast<MPI_Offset>(offset), data, bytes, MPI_BYTE, &status),
+        "MPI_File_write_at");
     if (auto problem = count_problem(status, bytes, "wrote")) throw error(*problem);
-    io_stats().bytes_written += bytes;
+    io::io_stats().bytes_written += bytes;
   }
-  // Collective: back to plain bytes from the start of the file.
-  void reset_view() { set_view(0, MPI_BYTE); }
   // Collective: the data written so far is on the storage device (fsync).
   void sync() { check_mpi(MPI_File_sync(file_), "MPI_File_sync"); }
   // The file's size in bytes now (a local call).
@@ -210,6 +216,20 @@ class File {
   }
 
  private:
+  // Collective: this rank's view becomes `filetype` at byte `offset`.
+  void set_view(std::uint64_t offset, MPI_Datatype filetype) {
+    char native[] = "native";
+    check_mpi(MPI_File_set_view(file_, static_cast<MPI_Offset>(offset), MPI_BYTE, filetype, native,
+                                MPI_INFO_NULL),
+              "MPI_File_set_view");
+  }
+  // A rank that moves nothing still takes part in the collective, with a view of bytes.
+  static MPI_Datatype view_of(const ShardTypes& types) {
+    return types.count > 0 ? types.file.get() : MPI_BYTE;
+  }
+  static MPI_Datatype memory_of(const ShardTypes& types) {
+    return types.count > 0 ? types.memory.get() : MPI_BYTE;
+  }
   static std::string mpi_error_text(int rc) {
     char text[MPI_MAX_ERROR_STRING];
     int length = 0;
@@ -233,4 +253,4 @@ class File {
   std::optional<std::string> short_transfer_;  // the first short collective transfer
 };
 
-}  // namespace kshard::io::detail
+}  // namespace kshard::detail

@@ -25,8 +25,9 @@
 
 #include "kshard/error.hpp"
 #include "kshard/io/io_stats.hpp"
+#include "kshard/io/named_path.hpp"
 
-namespace kshard::io::detail {
+namespace kshard::detail {
 
 // What a path names: an existing file's device and inode; for a path that does not exist, its
 // folder's device and inode and its name (the file it would become).
@@ -48,20 +49,14 @@ inline std::optional<PathId> path_id(const std::filesystem::path& path) {
   return PathId{info.st_dev, info.st_ino, path.filename().string()};
 }
 
-// A path an operation reads or makes, and what it is to the operation ("output").
-struct NamedPath {
-  std::string role;
-  std::filesystem::path path;
-};
-
 // The first path of `made` (created, truncated, renamed or removed) that names a file of `read`,
 // as "the ROLE 'PATH' is the ROLE 'PATH' (one file)", or nothing.
-inline std::optional<std::string> first_clash(const std::vector<NamedPath>& made,
-                                              const std::vector<NamedPath>& read) {
-  for (const NamedPath& m : made) {
+inline std::optional<std::string> first_clash(const std::vector<io::NamedPath>& made,
+                                              const std::vector<io::NamedPath>& read) {
+  for (const io::NamedPath& m : made) {
     const auto id = path_id(m.path);
     if (!id) continue;  // in a folder that does not exist: no file is there
-    for (const NamedPath& r : read)
+    for (const io::NamedPath& r : read)
       if (path_id(r.path) == id)
         return fmt::format("the {} '{}' is the {} '{}' (one file)", m.role, m.path.string(), r.role,
                            r.path.string());
@@ -84,6 +79,11 @@ class ScopedFd {
  private:
   int fd_;
 };
+
+// Where a new file is written until it is complete: the same folder, so the rename is atomic.
+inline std::filesystem::path partial_path(const std::filesystem::path& target) {
+  return target.string() + ".kshard-partial";
+}
 
 // The first 8 bytes of every temporary file kshard writes, where a safetensors file has its
 // header length: read as a length they pass any header's limit, so a temporary never reads as
@@ -128,7 +128,7 @@ inline int create_temporary(const std::filesystem::path& path) {
     throw error(
         fmt::format("kshard::io: writing '{}' failed: {}", path.string(), std::strerror(saved)));
   }
-  io_stats().bytes_written += 8;
+  io::io_stats().bytes_written += 8;
   return fd;
 }
 
@@ -139,7 +139,7 @@ inline void seal_temporary(int fd, const std::filesystem::path& path,
   if (fd < 0 || ::pwrite(fd, prefix.data(), prefix.size(), 0) != 8 || ::fsync(fd) != 0)
     throw error(
         fmt::format("kshard::io: writing '{}' failed: {}", path.string(), std::strerror(errno)));
-  io_stats().bytes_written += 8;
+  io::io_stats().bytes_written += 8;
 }
 
-}  // namespace kshard::io::detail
+}  // namespace kshard::detail

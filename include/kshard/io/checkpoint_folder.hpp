@@ -1,0 +1,252 @@
+#pragma once
+
+/// \file
+/// A checkpoint's files as a whole, for programs that repair or rewrite checkpoints
+/// (kshard-repair is one): a new checkpoint written beside the old one, its folder copied but
+/// its weights (`write_checkpoint`); the undo files of in-place writes found, checked and
+/// restored (`files_with_undo`, `undo_checkpoint`); the paths a run reads and makes, checked so
+/// that none it makes is one it reads (`checkpoint_inputs`, `checkpoint_outputs`,
+/// `undo_outputs`, `refuse_clashes`); and a hash of every tensor (`tensor_hashes`).
+///
+///     kshard::io::Checkpoint model(mesh, "path/to/model");
+///     auto written = kshard::io::write_checkpoint(
+///         mesh, model, "repaired", {kshard::io::replace_rows("embed.weight", embed, ids)});
+///     auto hashes = kshard::io::tensor_hashes(mesh, kshard::io::Checkpoint(mesh, "repaired"));
+///
+/// Each function that communicates refuses with the same `kshard::error` on every rank, having
+/// changed nothing or removed again what it made.
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kshard/comm/agreement.hpp"
+#include "kshard/detail/operation.hpp"
+#include "kshard/io/checkpoint.hpp"
+#include "kshard/io/detail/collective.hpp"
+#include "kshard/io/detail/folder.hpp"
+#include "kshard/io/detail/paths.hpp"
+#include "kshard/io/detail/write.hpp"
+#include "kshard/io/named_path.hpp"
+#include "kshard/io/safetensors.hpp"
+#include "kshard/mesh.hpp"
+#include "kshard/placement.hpp"
+
+namespace kshard::io {
+
+/// The undo file an in-place write of the weights file `weights` keeps beside it (the name
+/// `kshard-repair --in-place` gives it, and `undo_checkpoint` looks for): `weights` +
+/// ".kshard-undo".
+[[nodiscard]] inline std::filesystem::path undo_path_of(const std::filesystem::path& weights) {
+  return weights.string() + ".kshard-undo";
+}
+
+/// Where weights file `file` of `model` goes when `model` is written to `out`: `out` itself for
+/// a single file, `out`/its name for a folder.
+[[nodiscard]] inline std::filesystem::path output_path_of(const Checkpoint& model,
+                                                          const SafetensorsFile& file,
+                                                          const std::filesystem::path& out) {
+  return model.is_folder() ? out / file.path().filename() : out;
+}
+
+/// The files a run over `model` reads: its weights files, its folder's config.json and index
+/// where they exist, and with `with_undo_files` the undo file beside each weights file
+/// (`undo_path_of`). Local: looks at the file system, changes nothing.
+[[nodiscard]] inline std::vector<NamedPath> checkpoint_inputs(const Checkpoint& model,
+                                                              bool with_undo_files) {
+  std::vector<NamedPath> inputs;
+  for (const auto& file : model.files()) {
+    inputs.push_back({"checkpoint file", file.path()});
+    if (with_undo_files) inputs.push_back({"undo file", undo_path_of(file.path())});
+  }
+  const auto folder = model.is_folder() ? model.path() : model.path().parent_path();
+  for (const auto& json : {folder / "config.json", folder / safetensors_index_name}) {
+    std::error_code absent;
+    if (std::filesystem::exists(json, absent)) inputs.push_back({"checkpoint file", json});
+  }
+  return inputs;
+}
+
+/// The files `write_checkpoint(mesh, model, out, ...)` creates or replaces: each weights file's
+/// output and its temporary, and for a folder the copies of its JSON files. Local.
+[[nodiscard]] inline std::vector<NamedPath> checkpoint_outputs(const Checkpoint& model,
+                                                               const std::filesystem::path& out) {
+  std::vector<NamedPath> made;
+  for (const auto& file : model.files()) {
+    const auto output = output_path_of(model, file, out);
+    made.push_back({"output", output});
+    made.push_back({"output's temporary", detail::partial_path(output)});
+  }
+  if (model.is_folder())
+    for (const auto& input : checkpoint_inputs(model, false))
+      if (input.path.extension() == ".json") made.push_back({"copy", out / input.path.filename()});
+  return made;
+}
+
+/// The files in-place writes of every weights file of `model` make, with undo files named by
+/// `undo_path_of`: the undo files and their temporaries. Local.
+[[nodiscard]] inline std::vector<NamedPath> undo_outputs(const Checkpoint& model) {
+  std::vector<NamedPath> made;
+  for (const auto& file : model.files()) {
+    made.push_back({"undo file", undo_path_of(file.path())});
+    made.push_back({"undo file's temporary", detail::partial_path(undo_path_of(file.path()))});
+  }
+  return made;
+}
+
+/// Collective over `group` (a mesh's `group()`): rank 0 compares every path of `made` (files an
+/// operation creates, truncates, renames or removes) with every path of `read` by the file they
+/// name (device and inode, through symbolic links and `..`; a path that does not exist yet by
+/// its folder and name). Where one names a file of `read`, every rank throws the same
+/// `kshard::error`, "kshard::io: the ROLE 'PATH' is the ROLE 'PATH' (one file); " followed by
+/// `consequence`. Only rank 0's lists are read. Cost: a stat per path and pair on rank 0, one
+/// agreement.
+inline void refuse_clashes(const comm::Group& group, const std::vector<NamedPath>& made,
+                           const std::vector<NamedPath>& read, std::string_view consequence) {
+  std::optional<std::string> problem;
+  if (group.rank() == 0)
+    if (auto clash = detail::first_clash(made, read))
+      problem = fmt::format("kshard::io: {}; {}", *clash, consequence);
+  detail::agree(group, std::move(problem));
+}
+
+/// Writes `model` as a new checkpoint at `out`, with the tensors (or rows) `updates` name
+/// replaced: for a single file, `write_safetensors(mesh, file, out, updates)`; for a folder,
+/// rank 0 makes `out` (it may exist) and copies the folder into it but the weights and kshard's
+/// undo and temporary files (config, tokenizer, index, subfolders; links followed), then each
+/// weights file is written by `write_safetensors` with the updates of its tensors. Returns the
+/// weights files written, the same on every rank. Collective over `mesh`. Every rank throws the
+/// same `kshard::error`, nothing written, for an `out` or update that differs between ranks, an
+/// update of a tensor the checkpoint lacks, and a path it makes that `model` reads
+/// (`checkpoint_outputs` against `checkpoint_inputs`); after a failed copy or write, rank 0
+/// removes what the call made (the folder it created, or what it added to one that existed,
+/// and the weights written), so that no half-written checkpoint is left. Cost: the copies,
+/// then `write_safetensors`' per file.
+template <std::size_t N>
+std::vector<std::filesystem::path> write_checkpoint(const Mesh<N>& mesh, const Checkpoint& model,
+                                                    const std::filesystem::path& out,
+                                                    const std::vector<TensorUpdate>& updates) {
+  const detail::Operation operation("io::write_checkpoint");
+  detail::Agreement agreement(mesh.group());
+  detail::same_text(agreement, "the output path", out.string());
+  agreement.same("the number of tensors to replace", static_cast<std::int64_t>(updates.size()));
+  for (const TensorUpdate& u : updates) {
+    detail::UpdateAccess::agree_on(agreement, u);
+    agreement.problem(
+        model.contains(u.name())
+            ? detail::UpdateAccess::problem(u, model.file_of(u.name()), mesh.group())
+            : fmt::format("kshard::io: the checkpoint '{}' has no tensor {} to replace",
+                          model.path().string(), detail::in_quotes(u.name())));
+  }
+  if (mesh.my_rank() == 0)
+    if (auto clash =
+            detail::first_clash(checkpoint_outputs(model, out), checkpoint_inputs(model, false)))
+      agreement.problem(fmt::format("kshard::io: {}; nothing was written", *clash));
+  agreement.settle();
+  if (!model.is_folder()) {
+    write_safetensors(mesh, model.files().front(), out, updates);
+    return {out};
+  }
+  detail::FolderCopy copy;
+  if (mesh.my_rank() == 0) copy = detail::copy_folder_but_weights(model, out);
+  detail::agree(mesh.group(), copy.problem);
+  std::vector<std::filesystem::path> written;
+  try {
+    for (const auto& file : model.files()) {  // untouched files are copied in parallel too
+      std::vector<TensorUpdate> mine;
+      for (const TensorUpdate& u : updates)
+        if (&model.file_of(u.name()) == &file) mine.push_back(u);
+      write_safetensors(mesh, file, output_path_of(model, file, out), mine);
+      written.push_back(output_path_of(model, file, out));
+    }
+  } catch (const error&) {  // every rank: the output is whole or absent
+    copy.made.insert(copy.made.end(), written.begin(), written.end());
+    if (mesh.my_rank() == 0) detail::remove_quietly(copy.made);
+    throw;
+  }
+  return written;
+}
+
+/// The weights files of `model` that have an undo file beside them (`undo_path_of`), as rank 0
+/// finds them, in the order of `model.files()`; the same on every rank. Collective over
+/// `mesh`. Cost: a stat per weights file on rank 0, one broadcast.
+template <std::size_t N>
+std::vector<std::filesystem::path> files_with_undo(const Mesh<N>& mesh, const Checkpoint& model) {
+  std::vector<std::int64_t> found(model.files().size(), 0);
+  for (std::size_t f = 0; f < found.size() && mesh.my_rank() == 0; ++f) {
+    std::error_code ignored;  // rank 0 alone looks: it must not throw
+    found[f] = std::filesystem::exists(undo_path_of(model.files()[f].path()), ignored) ? 1 : 0;
+  }
+  mesh.group().bcast(found.data(), static_cast<std::int64_t>(found.size()), 0);
+  std::vector<std::filesystem::path> files;
+  for (std::size_t f = 0; f < found.size(); ++f)
+    if (found[f] != 0) files.push_back(model.files()[f].path());
+  return files;
+}
+
+/// Restores every weights file of `model` that has an undo file beside it (`undo_in_place`),
+/// after checking, for all of them before restoring any, that each undo file was made for the
+/// file beside it (it records that file's path: in a copied checkpoint it names the original,
+/// which must not be restored). Returns the weights files restored, the same on every rank.
+/// Collective over `mesh`. Every rank throws the same `kshard::error`, nothing restored, for a
+/// checkpoint that differs between ranks, no undo file beside any weights file, or one made for
+/// another file; then `undo_in_place`'s refusals, file by file (the files before it restored).
+/// Cost: per undo file, opening it (a header read on every rank), one agreement, and
+/// `undo_in_place`'s.
+template <std::size_t N>
+std::vector<std::filesystem::path> undo_checkpoint(const Mesh<N>& mesh, const Checkpoint& model) {
+  const detail::Operation operation("io::undo_checkpoint");
+  detail::Agreement agreement(mesh.group());
+  detail::same_text(agreement, "the checkpoint path", model.path().string());
+  agreement.settle();
+  const std::vector<std::filesystem::path> files = files_with_undo(mesh, model);
+  if (files.empty())
+    throw error(
+        fmt::format("kshard::io: no undo file next to the weights of '{}'", model.path().string()));
+  for (const auto& file : files) {
+    const SafetensorsFile undo(mesh, undo_path_of(file));
+    detail::agree(mesh.group(),
+                  mesh.my_rank() == 0 ? detail::undo_target_problem(undo, file) : std::nullopt);
+  }
+  for (const auto& file : files) undo_in_place(mesh, undo_path_of(file));
+  return files;
+}
+
+/// The FNV-1a 64 hash of every tensor's bytes in `model` (plain FNV-1a over the bytes as
+/// stored, no separator: what any FNV-1a 64 of the file's slice gives), by tensor name, the
+/// same on every rank. Collective over `mesh`: tensor i, counting the files' tensors in order,
+/// is hashed by rank i % size, so each byte is read once over all ranks. Every rank throws the
+/// same `kshard::error` when a read fails. Cost: every tensor's bytes read once (pread, 4 MiB
+/// at a time), one agreement and one all-reduce of one value per tensor.
+template <std::size_t N>
+std::map<std::string, std::uint64_t> tensor_hashes(const Mesh<N>& mesh, const Checkpoint& model) {
+  const detail::Operation operation("io::tensor_hashes");
+  detail::Agreement agreement(mesh.group());
+  detail::same_text(agreement, "the checkpoint path", model.path().string());
+  agreement.settle();
+  std::vector<std::pair<const SafetensorsFile*, const TensorEntry*>> tensors;
+  for (const auto& file : model.files())
+    for (const auto& entry : file.header().tensors) tensors.emplace_back(&file, &entry);
+  std::vector<std::uint64_t> hashes(tensors.size(), 0);
+  std::vector<char> buffer(std::size_t{1} << 22);
+  detail::agree(mesh.group(), detail::attempt([&] {
+                  for (auto i = static_cast<std::size_t>(mesh.my_rank()); i < tensors.size();
+                       i += static_cast<std::size_t>(mesh.size()))
+                    hashes[i] = detail::tensor_hash(*tensors[i].first, *tensors[i].second, buffer);
+                }));
+  mesh.group().allreduce(hashes.data(), static_cast<std::int64_t>(hashes.size()), ReduceOp::max);
+  std::map<std::string, std::uint64_t> result;
+  for (std::size_t i = 0; i < tensors.size(); ++i) result[tensors[i].second->name] = hashes[i];
+  return result;
+}
+
+}  // namespace kshard::io

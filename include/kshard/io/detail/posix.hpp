@@ -1,0 +1,176 @@
+#pragma once
+
+// The POSIX layer of kshard::io: exact reads and writes (pread, pwrite) that name the file
+// they fail on, the first bytes of a safetensors file, small files written durably (a marked
+// temporary, fsync, rename, the folder synced) and rank 0's checks on a file before it writes
+// it. Every byte moved is counted in io_stats().
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kshard/error.hpp"
+#include "kshard/index.hpp"
+#include "kshard/io/detail/paths.hpp"
+#include "kshard/io/io_stats.hpp"
+#include "kshard/io/safetensors_header.hpp"
+
+namespace kshard::detail {
+
+// Reads exactly `size` bytes at `offset` with pread, or says why not.
+inline std::optional<std::string> pread_exactly(int fd, void* data, std::uint64_t size,
+                                                std::uint64_t offset, const std::string& path) {
+  auto* out = static_cast<char*>(data);
+  for (std::uint64_t done = 0; done < size;) {
+    const ssize_t got = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      return fmt::format("kshard::io: reading {} bytes at offset {} of '{}' failed: {}", size,
+                         offset, path, got == 0 ? "end of file" : std::strerror(errno));
+    done += static_cast<std::uint64_t>(got);
+    io::io_stats().bytes_read += got;
+  }
+  return std::nullopt;
+}
+
+// Writes exactly `size` bytes at `offset` with pwrite; throws naming `path` when it cannot.
+inline void pwrite_exactly(int fd, const void* data, std::uint64_t size, std::uint64_t offset,
+                           const std::filesystem::path& path) {
+  const auto* in = static_cast<const char*>(data);
+  for (std::uint64_t done = 0; done < size;) {
+    const ssize_t n = ::pwrite(fd, in + done, size - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      throw error(fmt::format("kshard::io: writing '{}' failed: {}", path.string(),
+                              n == 0 ? "nothing written" : std::strerror(errno)));
+    done += static_cast<std::uint64_t>(n);
+    io::io_stats().bytes_written += n;
+  }
+}
+
+// The data written to `fd` so far is on the storage device, or an error naming `path`.
+inline void fsync_or_throw(int fd, const std::filesystem::path& path) {
+  if (::fsync(fd) != 0)
+    throw error(
+        fmt::format("kshard::io: syncing '{}' failed: {}", path.string(), std::strerror(errno)));
+}
+
+// `path` opened with `flags`, or an error naming it.
+inline int open_or_throw(const std::filesystem::path& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0)
+    throw error(
+        fmt::format("kshard::io: cannot open '{}': {}", path.string(), std::strerror(errno)));
+  return fd;
+}
+
+// Rows `ids`, each `row_bytes` long, of the tensor at byte `offset` of the file open as `fd`,
+// packed in that order.
+inline std::vector<std::byte> read_rows(int fd, const std::string& path, std::uint64_t offset,
+                                        const std::vector<index_t>& ids, std::uint64_t row_bytes) {
+  std::vector<std::byte> bytes(ids.size() * row_bytes);
+  for (std::size_t r = 0; r < ids.size(); ++r)
+    if (auto failed = pread_exactly(fd, bytes.data() + r * row_bytes, row_bytes,
+                                    offset + static_cast<std::uint64_t>(ids[r]) * row_bytes, path))
+      throw error(*failed);
+  return bytes;
+}
+
+// Rank 0: the complete file takes its name, durably (the folder is synced too).
+inline void publish(const std::filesystem::path& partial, const std::filesystem::path& target) {
+  if (std::rename(partial.c_str(), target.c_str()) != 0)
+    throw error(fmt::format("kshard::io: renaming '{}' to '{}' failed: {}", partial.string(),
+                            target.string(), std::strerror(errno)));
+  const std::filesystem::path folder = std::filesystem::absolute(target).parent_path();
+  const ScopedFd fd(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd) ::fsync(fd.get());
+}
+
+// Writes `bytes` (a safetensors file) to `path` durably and atomically: a marked temporary,
+// its length prefix written last, fsync, rename.
+inline void write_durably(const std::filesystem::path& path, const std::vector<std::byte>& bytes) {
+  const std::filesystem::path partial = partial_path(path);
+  const ScopedFd fd(create_temporary(partial));
+  try {
+    const std::size_t marker = temporary_marker.size();
+    pwrite_exactly(fd.get(), bytes.data() + marker, bytes.size() - marker, marker, partial);
+    std::array<std::byte, 8> prefix{};
+    std::copy_n(bytes.begin(), prefix.size(), prefix.begin());
+    seal_temporary(fd.get(), partial, prefix);
+    publish(partial, path);
+  } catch (const error&) {
+    ::unlink(partial.c_str());
+    throw;
+  }
+}
+
+// Why `path` may not be written in place (rank 0's check): read-only by its mode (respected
+// even by root, who may write anyway) or by access().
+inline std::optional<std::string> writable_problem(const std::filesystem::path& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0 || (info.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH)) == 0 ||
+      ::access(path.c_str(), W_OK) != 0)
+    return fmt::format("kshard::io: '{}' is read-only; nothing was written", path.string());
+  return std::nullopt;
+}
+
+// What a rank found in a file's first bytes.
+struct HeaderBytes {
+  std::optional<std::string> problem;
+  std::uint64_t file_size = 0;
+  std::vector<std::byte> json;
+};
+
+// An error of the header parser about the file at `path`, its "kshard::io: " said once.
+inline std::string about_file(std::string_view path, std::string_view what) {
+  constexpr std::string_view prefix = "kshard::io: ";
+  if (what.starts_with(prefix)) what.remove_prefix(prefix.size());
+  return fmt::format("kshard::io: '{}': {}", path, what);
+}
+
+// This rank's read of the length prefix and the header JSON (the only bytes a header needs).
+inline HeaderBytes read_header_bytes(const std::string& path) {
+  HeaderBytes result;
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer; fstat then refuses it.
+  const ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  struct stat info {};
+  if (!fd) {
+    result.problem = fmt::format("kshard::io: cannot open '{}': {}", path, std::strerror(errno));
+  } else if (::fstat(fd.get(), &info) != 0 || !S_ISREG(info.st_mode)) {
+    result.problem = fmt::format("kshard::io: '{}' is not a regular file", path);
+  } else {
+    result.file_size = static_cast<std::uint64_t>(info.st_size);
+    std::array<std::byte, 8> prefix{};
+    try {
+      if (result.file_size < 8)
+        throw error(fmt::format(
+            "kshard::io: '{}' has {} bytes, fewer than the 8 of a safetensors header length", path,
+            result.file_size));
+      result.problem = pread_exactly(fd.get(), prefix.data(), 8, 0, path);
+      if (!result.problem) {
+        result.json.resize(io::header_length_from_prefix(prefix, result.file_size));
+        result.problem = pread_exactly(fd.get(), result.json.data(), result.json.size(), 8, path);
+      }
+    } catch (const error& e) {
+      result.problem = about_file(path, e.what());
+    }
+  }
+  return result;
+}
+
+}  // namespace kshard::detail

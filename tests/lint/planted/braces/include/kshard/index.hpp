@@ -1,0 +1,3 @@
+#pragma once
+namespace kshard {  // planted: braces
+inline int one() { return 1; }

@@ -1,0 +1,3 @@
+#pragma once
+// Deprecated path: a forwarding header.
+#include "kshard/comm/stats.hpp"

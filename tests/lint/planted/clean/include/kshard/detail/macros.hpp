@@ -1,0 +1,3 @@
+#pragma once
+#define KSHARD_BRACE_OPEN {
+#define KSHARD_INLINE inline

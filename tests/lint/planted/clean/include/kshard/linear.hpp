@@ -1,0 +1,3 @@
+#pragma once
+// Deprecated path: a forwarding header is a face of its wing.
+#include "kshard/tensor_parallel/linear.hpp"

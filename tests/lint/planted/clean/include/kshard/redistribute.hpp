@@ -1,0 +1,4 @@
+#pragma once
+// The face of redistribute/.
+#include "kshard/mesh.hpp"
+#include "kshard/redistribute/plan.hpp"

@@ -1,0 +1,3 @@
+#pragma once
+// A sibling in the wing.
+#include "kshard/redistribute/moves.hpp"

@@ -1,0 +1,3 @@
+#pragma once
+// Same layer as redistribute/, through its face.
+#include "kshard/redistribute.hpp"

@@ -1,0 +1,2 @@
+#pragma once
+#include "kshard/tensor_parallel/linear.hpp"

@@ -1,0 +1,3 @@
+#pragma once
+#include "kshard/comm/group.hpp"  // planted: kernel-reaches-comm
+#include "kshard/index.hpp"

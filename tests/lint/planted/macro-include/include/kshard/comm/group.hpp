@@ -1,0 +1,4 @@
+#pragma once
+#ifdef KSHARD_COMM_BACKEND_HEADER
+#include KSHARD_COMM_BACKEND_HEADER
+#endif

@@ -1,0 +1,3 @@
+#pragma once
+#include "kshard/comm/grup.hpp"  // planted: missing-include
+#include "kshard/error.hpp"

@@ -1,0 +1,3 @@
+// planted: not-in-table
+#pragma once
+#include "kshard/index.hpp"

@@ -1,0 +1,73 @@
+#pragma once
+
+// What kshard-repair tells: progress and the summary on rank 0's stdout, the JSON report
+// (--report), and the failures that end a run with their exit codes.
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kshard/comm/group.hpp"
+#include "kshard/index.hpp"
+#include "kshard/repair.hpp"
+#include "options.hpp"
+
+namespace kshard_repair {
+
+// Every rank exits with the same code.
+enum ExitCode { repaired_or_clean = 0, refused = 1, usage_or_io = 2 };
+
+// A kshard::error with the exit code it ends the run with.
+struct Failure {
+  ExitCode code;
+  std::string message;
+  bool report_writable = true;  // false: the report path is the problem; leave it alone
+};
+
+// This process's rank in MPI_COMM_WORLD.
+int world_rank();
+
+// Rank 0 prints (progress and the summary); the other ranks stay quiet.
+template <class... Args>
+void say(fmt::format_string<Args...> format, Args&&... args) {
+  if (world_rank() == 0) {
+    fmt::print(format, std::forward<Args>(args)...);
+    std::fflush(stdout);
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start);
+
+// "12.3 MB in 0.456 s (27 MB/s)".
+std::string throughput(std::int64_t bytes, double seconds);
+
+// Ids as "[a, b, c]", the middle of a long list left out.
+std::string id_list(const std::vector<kshard::index_t>& ids);
+
+// The report in one line: kshard's own printing, or counts when the lists are long.
+std::string summary(const kshard::RepairReport& report);
+
+// What the repair found and did, as JSON: each repaired row with its norm before and `after`
+// (empty: not written) and the test that found it, the kept rows, the norms.
+nlohmann::json report_json(const kshard::RepairReport& report, const std::vector<double>& after);
+
+// Tensor hashes (io::tensor_hashes) as the report writes them, "fnv1a64:<16 hex digits>".
+nlohmann::json hashes_json(const std::map<std::string, std::uint64_t>& hashes);
+
+// Rank 0 writes `json` to the report file `path`; every rank of `group` learns whether it
+// could (a Failure that leaves the report alone where it could not).
+void write_report(const kshard::comm::Group& group, const std::string& path,
+                  const nlohmann::json& json);
+
+// Prints the failure (rank 0), records it in the report when there is one, and returns its
+// exit code. Collective over `group` when there is a report.
+int fail(const kshard::comm::Group& group, const Options& options, const Failure& failure);
+
+}  // namespace kshard_repair
