@@ -243,7 +243,9 @@ std::map<std::string, std::uint64_t> tensor_hashes(const Mesh<N>& mesh, const Ch
                        i += static_cast<std::size_t>(mesh.size()))
                     hashes[i] = detail::tensor_hash(*tensors[i].first, *tensors[i].second, buffer);
                 }));
-  mesh.group().allreduce(hashes.data(), static_cast<std::int64_t>(hashes.size()), ReduceOp::max);
+  // A sum (one rank's hash, zeros elsewhere), not a max: MPICH 4.0 compares MPI_UINT64_T as
+  // signed, so a hash >= 2^63 lost to 0 there.
+  mesh.group().allreduce(hashes.data(), static_cast<std::int64_t>(hashes.size()), ReduceOp::sum);
   std::map<std::string, std::uint64_t> result;
   for (std::size_t i = 0; i < tensors.size(); ++i) result[tensors[i].second->name] = hashes[i];
   return result;
