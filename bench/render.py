@@ -26,9 +26,10 @@ fp32 table no faster than one in this run: the memory read's own speed-up below)
 with a target is timed in alternation with its baseline (`time_paired` in bench/harness.hpp), so
 both see the same load, and which of the two runs first alternates too; the ratio is the median
 of the per-repetition ratios. The previous report (the session before, a machine of the same
-kind) met 145 targets and missed 5; this run meets 145 and misses 5 others, each by at most
-0.02 (below), after this session's changes to the row kernels, the checkpoint reads and the
-watchdog measurement.
+kind) missed 5 targets; this run misses 5 others, each by at most 0.02 (below), after this
+session's changes to the row kernels, the checkpoint reads and the watchdog measurement. When
+this report was first rendered it counted 145 targets met: 20 of them, comparisons with the
+benchmark's fp64 sum-of-squares kernel (all met), are targets no more (below).
 
 - **Row norms, detection, repair.** One pass over the local shard, every element widened to
   fp64 before it is squared (a finite fp32 row never overflows), summed over 32 accumulators
@@ -39,11 +40,15 @@ watchdog measurement.
   a large table at 20-25 GB/s, with the request 27-34. The STREAM-like read the norms are
   measured against asks the same way (it is the memory's speed, and the kernels' prefetch is
   not counted as a gain over it): fp32 norms read 0.98-1.06x its bytes per second and bf16
-  0.99-1.09x (Serial at 1-4 ranks, OpenMP; 0.82-0.98x before, bf16 missing 0.85). Against
-  fp32's roofline read (no prefetch), timed in alternation, bf16 norms run 1.09-1.42x,
-  detection 1.05-1.39x and a repair of 256 rows 1.02-1.65x. Detection that finds nothing
-  costs 1.03-1.11 norms passes and misses 1.10 by 0.005 with OpenMP for bf16, now that the
-  norms pass it is measured against is faster; a repair of 256 rows costs 1.02-1.20. The
+  0.99-1.09x (Serial at 1-4 ranks, OpenMP; 0.82-0.98x before, bf16 missing 0.85). Every
+  target of these operations is stated against that read, directly (the norms) or in norms
+  passes (detection, repair). The benchmark also times an fp64 sum-of-squares kernel (eight
+  accumulators, no prefetch), which these reports called the roofline: it is no bound, slower
+  than the memory (the norms ran 1.05-1.4x its speed on fp32 and 2.0-3.6x on bf16, whose
+  widening binds it), so it is shown in the raw tables only (`fp64_sum_of_squares`, and bf16's
+  bytes per second over its fp32 form's, `bf16_vs_fp32_sum_of_squares`). Detection that finds
+  nothing costs 1.03-1.11 norms passes and misses 1.10 by 0.005 with OpenMP for bf16, now that
+  the norms pass it is measured against is faster; a repair of 256 rows costs 1.02-1.20. The
   Python algorithm written plainly (three norms passes, one of them over the output) costs
   4.1-4.9 norms passes.
 - **Plans** (`plan_redistribute` once, `plan.apply` per step) against the bare collective(s)
@@ -61,8 +66,9 @@ watchdog measurement.
   under 4 KiB are now copied by kshard's own loop where the build has AVX2 (`copy_run`):
   1.00-1.02. Planning once saves 1.9-16x at 64 x 64 (`redistribute_into` plans on every call).
 - **Scaling of detection** with ranks follows the memory system, so the target is 0.9x of the
-  speed-up of the STREAM-like read of the same bytes, timed in the same runs (the roofline
-  kernel's bf16 form is bound by widening, so it scales with cores where the memory does not).
+  speed-up of the STREAM-like read of the same bytes, timed in the same runs (the fp64
+  sum-of-squares kernel's bf16 form is bound by widening, so it scales with cores where the
+  memory does not).
   In this run two ranks read the table 1.98-2.09x as fast as one, and detection kept up
   (1.97-2.07x). With 4 ranks on 2 cores the speed-up cannot show (1.22-1.26x, both).
 - **zero_row** sends nothing and costs 0.37-0.93x (fp32) and 0.10-0.80x (bf16) of
@@ -188,21 +194,14 @@ def target_rows(records):
         rows.append((what, config_name(r) + note, fmt(value, 3) + unit, goal,
                      verdict(value, target, higher)))
 
-    for t in ("float", "bf16", "f16"):
-        for r in pick(records, "rowwise", "row_squared_norms", type=t):
-            add(f"row norms ({t}): fraction of the roofline", r, 1 / r["ratio"], 0.85, True)
-    # bf16 against the memory, not against its own conversion-bound roofline kernel: the norms'
-    # bytes per second over a STREAM-like read of the same bytes (paired), and over fp32's.
+    # Against the memory: the norms' bytes per second over a STREAM-like read of the same bytes
+    # (paired). Not against the fp64 sum-of-squares kernel (`fp64_sum_of_squares`,
+    # `*_vs_fp32_sum_of_squares`: the raw tables only), which is slower than the memory: its fp32
+    # form has no prefetch, its bf16 form is bound by the widening.
     for t in ("float", "bf16", "f16"):
         for r in pick(records, "rowwise", "row_squared_norms_vs_memory", type=t):
             add(f"row norms ({t}): bytes/s over a STREAM-like read of the same bytes", r,
                 r["fraction_of_memory"], 0.85, True)
-    names = {"row_squared_norms": "row norms", "detect_no_damage": "detection, nothing damaged",
-             "repair_256_rows": "repair of 256 rows"}
-    for t in ("bf16", "f16"):
-        for operation, name in names.items():
-            for r in pick(records, "rowwise", f"{t}_vs_fp32_roofline", operation=operation):
-                add(f"{name}: {t} bytes/s over fp32's roofline bytes/s", r, r["ratio"], 0.85, True)
     for t in ("float", "bf16", "f16"):
         for r in pick(records, "rowwise", "detect_no_damage", type=t):
             add(f"detection, nothing damaged ({t}) / one norms pass", r, r["ratio"], 1.10, False)
@@ -257,8 +256,8 @@ def target_rows(records):
             note=f" (table shard {fmt(r['table_mib_per_rank'])} MiB)")
     # 1/ranks cost: detection's speed-up over one rank against the speed-up of the memory itself
     # (the STREAM-like read of the same bytes, timed in the same runs): what the memory system
-    # allows on this machine. Not the roofline kernel's: its bf16 form is bound by widening, so
-    # it scales with cores where the memory does not.
+    # allows on this machine. Not the fp64 sum-of-squares kernel's: its bf16 form is bound by
+    # widening, so it scales with cores where the memory does not.
     def one_rank(case):
         return {r["type"]: r for r in pick(records, "rowwise", case) if r["ranks"] == 1
                 and r["config"] == "serial"}
@@ -333,12 +332,18 @@ def plots(records, out_dir):
     serial = [r for r in records if r["config"] == "serial"]
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for bench, case, label, match in (
-            ("rowwise", "row_squared_norms", "row norms (float)", {"type": "float"}),
-            ("rowwise", "row_squared_norms", "row norms (bf16)", {"type": "bf16"}),
-            ("rowwise", "detect_no_damage", "detection (float)", {"type": "float"}),
-            ("rowwise", "roofline", "roofline (float)", {"type": "float"})):
-        xs, ys = points(pick(serial, bench, case, **match), lambda r: r["ranks"], all_ranks_gbps)
+    def memory_gbps(r):
+        return r.get("stream_gbps_all_ranks")
+
+    for bench, case, label, match, rate in (
+            ("rowwise", "row_squared_norms", "row norms (float)", {"type": "float"},
+             all_ranks_gbps),
+            ("rowwise", "row_squared_norms", "row norms (bf16)", {"type": "bf16"}, all_ranks_gbps),
+            ("rowwise", "detect_no_damage", "detection (float)", {"type": "float"},
+             all_ranks_gbps),
+            ("rowwise", "row_squared_norms_vs_memory", "STREAM-like read (float table)",
+             {"type": "float"}, memory_gbps)):
+        xs, ys = points(pick(serial, bench, case, **match), lambda r: r["ranks"], rate)
         if xs:
             left.plot(xs, ys, "o-", label=label)
     left.set(xlabel="ranks", ylabel="GB/s, all ranks (barrier to barrier)",
@@ -440,7 +445,10 @@ def main():
               "OpenBLAS's), `gbps` bytes of result per second, `gbps_per_rank` this rank's bytes and "
               "`gbps_all_ranks` all ranks' bytes over the barrier-to-barrier time, "
               "`fraction_of_memory` the row norms' bytes per second over a STREAM-like read of "
-              "the same bytes, `bytes_sent` what this rank sent "
+              "the same bytes (`stream_gbps_all_ranks`); the rowwise `plain_row_loop` and "
+              "`row_squared_norms` cases are timed against the fp64 sum-of-squares kernel "
+              "(`fp64_sum_of_squares`, no bound: slower than the memory), their `ratio` for "
+              "reference only; `bytes_sent` what this rank sent "
               "through kshard's collectives (`comm_stats`), `mib_per_rank` the peak RSS of the "
               "largest rank.", "", raw_tables(records)]
     with open(output, "w") as f:

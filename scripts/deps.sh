@@ -3,6 +3,8 @@
 # Debian 12 and builds an OpenMP Kokkos from Debian's own source package. Idempotent and
 # quiet when everything is already present.
 
+# g++ builds the serial and openmp presets, clang (with its sanitizer runtimes,
+# libclang-rt-14-dev) the asan preset and the fuzzers.
 KSHARD_DEBIAN_PACKAGES=(
   cmake ninja-build g++ clang clang-format libclang-rt-14-dev
   libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenmpi-dev openmpi-bin mpich libmpich-dev
@@ -56,6 +58,51 @@ kshard_mpi_environment() {
   fi
 }
 
+# The Debian mirror the host's apt sources name (first deb entry for a Debian suite that is not
+# a security suite), one-line or deb822 format; $KSHARD_DEBIAN_MIRROR when set. Fails, printing
+# nothing, when the host names none: the scripts name no mirror of their own.
+kshard_debian_mirror() {
+  if [ -n "${KSHARD_DEBIAN_MIRROR:-}" ]; then
+    echo "$KSHARD_DEBIAN_MIRROR"
+    return 0
+  fi
+  local suites='^(buster|bullseye|bookworm|trixie|forky|sid|oldstable|stable|testing|unstable)(-updates|-backports)?$'
+  local f uri
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [ -f "$f" ] || continue
+    uri=$(awk -v suites="$suites" '
+      $1 == "deb" {
+        i = 2
+        if ($i ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
+        if ($(i + 1) ~ suites && $i !~ /security/) { print $i; exit }
+      }' "$f")
+    [ -n "$uri" ] && { echo "${uri%/}"; return 0; }
+  done
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    uri=$(awk -v suites="$suites" '
+      BEGIN { RS = ""; FS = "\n" }
+      {
+        types = ""; uris = ""; ste = ""; enabled = "yes"
+        for (l = 1; l <= NF; l++) {
+          if ($l ~ /^#/) continue
+          split($l, kv, ":[ \t]*")
+          key = tolower(kv[1]); value = substr($l, length(kv[1]) + 2); sub(/^[ \t]+/, "", value)
+          if (key == "types") types = value
+          else if (key == "uris") uris = value
+          else if (key == "suites") ste = value
+          else if (key == "enabled") enabled = tolower(value)
+        }
+        split(uris, u, /[ \t]+/); split(ste, s, /[ \t]+/)
+        if (enabled != "no" && (" " types " ") ~ / deb / && s[1] ~ suites && u[1] !~ /security/) {
+          print u[1]; exit
+        }
+      }' "$f")
+    [ -n "$uri" ] && { echo "${uri%/}"; return 0; }
+  done
+  return 1
+}
+
 # Kokkos 3.4 with OpenMP + Serial from Debian's trilinos source package (packages/kokkos only).
 kshard_build_openmp_kokkos() {
   if [ -f "$KSHARD_OPENMP_KOKKOS_PREFIX/lib/cmake/Kokkos/KokkosConfig.cmake" ]; then return 0; fi
@@ -63,11 +110,19 @@ kshard_build_openmp_kokkos() {
   local work
   work=$(mktemp -d)
   kshard_log "building Kokkos 3.4 (OpenMP + Serial) from Debian's trilinos source into $KSHARD_OPENMP_KOKKOS_PREFIX"
+  # No deb-src entry on the host: one for its own mirror and release.
   if ! grep -rqs '^Types:.*deb-src' /etc/apt/sources.list.d/ && ! grep -qs '^deb-src' /etc/apt/sources.list; then
-    kshard_sudo tee /etc/apt/sources.list.d/kshard-deb-src.sources >/dev/null <<'SRC'
+    local mirror suite
+    mirror=$(kshard_debian_mirror) ||
+      { kshard_log "no Debian mirror in /etc/apt/sources.list{,.d} for trilinos' source:" \
+          "set KSHARD_DEBIAN_MIRROR"; return 1; }
+    suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+    [ -n "$suite" ] ||
+      { kshard_log "no VERSION_CODENAME in /etc/os-release: which Debian release is this?"; return 1; }
+    kshard_sudo tee /etc/apt/sources.list.d/kshard-deb-src.sources >/dev/null <<SRC
 Types: deb-src
-URIs: http://deb.debian.org/debian
-Suites: bookworm
+URIs: $mirror
+Suites: $suite
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC

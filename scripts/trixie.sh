@@ -1,7 +1,8 @@
 # shellcheck shell=bash
-# Sourced by scripts/test: runs kshard's suite on today's stack, Debian 13 (trixie) with g++ 14,
-# Open MPI 5 and Kokkos 5 (OpenMP, from Debian unstable's libkokkos-dev), inside a chroot kept in
-# a cache outside the clone. Needs root (or sudo) for debootstrap, mount and chroot.
+# Sourced by scripts/test, after scripts/deps.sh (kshard_debian_mirror): runs kshard's suite on
+# today's stack, Debian 13 (trixie) with g++ 14, Open MPI 5 and Kokkos 5 (OpenMP, from Debian
+# unstable's libkokkos-dev), inside a chroot kept in a cache outside the clone. Needs root (or
+# sudo) for debootstrap, mount and chroot.
 #
 #   kshard_trixie_root        creates the root once (debootstrap minbase trixie from the mirror
 #                             the host's apt sources name, then the packages), checks a cached one
@@ -51,50 +52,6 @@ kshard_trixie_times() {
   [ ${#KSHARD_TRIXIE_TIMES[@]} -eq 0 ] && return 0
   _ktx_log "times:"
   for t in "${KSHARD_TRIXIE_TIMES[@]}"; do printf '[kshard trixie]   %s\n' "$t"; done
-}
-
-# The Debian mirror the host's apt sources name (first deb entry for a Debian suite that is not
-# a security suite), one-line or deb822 format.
-kshard_trixie_mirror() {
-  if [ -n "${KSHARD_TRIXIE_MIRROR:-}" ]; then
-    echo "$KSHARD_TRIXIE_MIRROR"
-    return 0
-  fi
-  local suites='^(buster|bullseye|bookworm|trixie|forky|sid|oldstable|stable|testing|unstable)(-updates|-backports)?$'
-  local f uri
-  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-    [ -f "$f" ] || continue
-    uri=$(awk -v suites="$suites" '
-      $1 == "deb" {
-        i = 2
-        if ($i ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
-        if ($(i + 1) ~ suites && $i !~ /security/) { print $i; exit }
-      }' "$f")
-    [ -n "$uri" ] && { echo "${uri%/}"; return 0; }
-  done
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$f" ] || continue
-    uri=$(awk -v suites="$suites" '
-      BEGIN { RS = ""; FS = "\n" }
-      {
-        types = ""; uris = ""; ste = ""; enabled = "yes"
-        for (l = 1; l <= NF; l++) {
-          if ($l ~ /^#/) continue
-          split($l, kv, ":[ \t]*")
-          key = tolower(kv[1]); value = substr($l, length(kv[1]) + 2); sub(/^[ \t]+/, "", value)
-          if (key == "types") types = value
-          else if (key == "uris") uris = value
-          else if (key == "suites") ste = value
-          else if (key == "enabled") enabled = tolower(value)
-        }
-        split(uris, u, /[ \t]+/); split(ste, s, /[ \t]+/)
-        if (enabled != "no" && (" " types " ") ~ / deb / && s[1] ~ suites && u[1] !~ /security/) {
-          print u[1]; exit
-        }
-      }' "$f")
-    [ -n "$uri" ] && { echo "${uri%/}"; return 0; }
-  done
-  return 1
 }
 
 # Mount bookkeeping: every mount point goes on _KTX_MOUNTS; _ktx_unmount_all undoes them in
@@ -257,7 +214,7 @@ kshard_trixie_root() {
       { _ktx_fail "debootstrap: it is not installed and apt-get could not install it"; return 1; }
   fi
   if [ ! -d "$root" ]; then
-    mirror=$(kshard_trixie_mirror) ||
+    mirror=${KSHARD_TRIXIE_MIRROR:-$(kshard_debian_mirror)} ||
       { _ktx_fail "mirror: no Debian mirror in /etc/apt/sources.list{,.d}; set KSHARD_TRIXIE_MIRROR"; return 1; }
     _ktx_log "creating the Debian 13 root $root from $mirror (debootstrap and packages: minutes)"
     mkdir -p "$KSHARD_CACHE"

@@ -88,6 +88,9 @@ struct MatrixArgument {
   index_t rows = 11;
   index_t cols = 6;
 };
+// Clang before 17 deduces no aggregate's template arguments from a braced list.
+template <class L, class Other, class Strided>
+MatrixArgument(std::string, L, Other, Strided) -> MatrixArgument<L, Other, Strided>;
 
 // Builds a matrix of the reference values on `mesh` (distribute, or the constructor).
 struct Distribute {

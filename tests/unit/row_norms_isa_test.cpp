@@ -63,7 +63,12 @@ index_t differing_rows(RowKernel kernel, const std::vector<std::uint16_t>& bits,
 // Under AddressSanitizer (an unoptimised build, 50 s for all 65536 patterns) every column count
 // still runs, on one pattern in 16 (every low nibble among them): there the test is for the
 // kernels' memory accesses, and the optimised builds check the arithmetic on every pattern.
-#ifdef __SANITIZE_ADDRESS__
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)  // clang's spelling
+#define KSHARD_TEST_ADDRESS_SANITIZER 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(KSHARD_TEST_ADDRESS_SANITIZER)
 constexpr index_t pattern_stride = 16;
 #else
 constexpr index_t pattern_stride = 1;
