@@ -126,7 +126,7 @@ def _blank(text):
 
 
 def _line_comment_end(text, i):
-    """Index of the newline that ends the // comment at text[i] (a \ at a line's end goes on)."""
+    """Index of the newline that ends the // comment at text[i] (a backslash at a line's end goes on)."""
     while True:
         end = text.find("\n", i)
         if end < 0:
