@@ -166,11 +166,11 @@ kshard_install_python_packages() {
 }
 
 # Builds the fuzzers with clang and runs each for $1 seconds over its committed corpus (new
-# inputs go to a scratch directory, so the clone stays clean), both at once (one core each):
-# the layout-mapping arithmetic, and the safetensors header reader (untrusted files: at most
-# 64 MB allocated per input).
+# inputs go to a scratch directory, so the clone stays clean), all at once (one process each):
+# the layout-mapping arithmetic, the safetensors header reader, and the tiling of a folder of
+# per-rank shards (both untrusted files: at most 64 MB allocated per input).
 kshard_fuzz() {
-  local seconds=$1 layout header failed=0
+  local seconds=$1 layout header shards failed=0
   CXX=clang++ cmake -S tests/fuzz -B build/fuzz -G Ninja >/dev/null
   cmake --build build/fuzz >/dev/null
   kshard_run_fuzzer "$seconds" layout_mapping_fuzz tests/fuzz/corpus &
@@ -178,8 +178,12 @@ kshard_fuzz() {
   kshard_run_fuzzer "$seconds" safetensors_header_fuzz tests/fuzz/safetensors_corpus \
     -max_len=65536 -rss_limit_mb=512 -malloc_limit_mb=64 -dict=tests/fuzz/safetensors_header.dict &
   header=$!
+  kshard_run_fuzzer "$seconds" sharded_folder_fuzz tests/fuzz/sharded_folder_corpus \
+    -max_len=65536 -rss_limit_mb=512 -malloc_limit_mb=64 -dict=tests/fuzz/sharded_folder.dict &
+  shards=$!
   wait "$layout" || failed=1
   wait "$header" || failed=1
+  wait "$shards" || failed=1
   return "$failed"
 }
 

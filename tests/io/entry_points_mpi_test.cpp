@@ -22,6 +22,8 @@
 #include "entry_points.hpp"
 #include "kshard/io/checkpoint.hpp"
 #include "kshard/io/checkpoint_folder.hpp"
+#include "kshard/io/convert.hpp"
+#include "kshard/io/read_checkpoint.hpp"
 #include "kshard/io/safetensors.hpp"
 #include "kshard_test.hpp"
 #include "safetensors_mpi_support.hpp"
@@ -251,18 +253,55 @@ std::vector<Case> tensor_hashes_cases(const Files& files) {
       files, [](const io::Checkpoint& c) { (void)io::tensor_hashes(meshes().usual, c); });
 }
 
+// A conversion: the output folder (two new names), the checkpoint and the options, each
+// differing on one rank.
+std::vector<Case> convert_cases(const Files& files) {
+  const io::Checkpoint model(meshes().usual, files.checkpoint);
+  const io::Checkpoint copy(meshes().usual, files.copy);
+  const fs::path out = files.output.parent_path() / "converted";
+  const Watched unchanged = files_unchanged(files);
+  const auto convert = [](const io::Checkpoint& m, const fs::path& to, std::uint64_t max) {
+    io::ConvertOptions options;
+    options.max_shard_bytes = max;
+    (void)io::convert_checkpoint(meshes().usual, m, to, options);
+  };
+  return {value_case(
+              "output folder", "the output folder differs",
+              [=](bool here) { convert(model, here ? fs::path(out.string() + "2") : out, 1000); },
+              {unchanged}),
+          value_case("checkpoint", "the checkpoint path differs",
+                     [=](bool here) { convert(here ? copy : model, out, 1000); }, {unchanged}),
+          value_case("options", "the options differ",
+                     [=](bool here) { convert(model, out, here ? 7 : 1000); }, {unchanged})};
+}
+
+// A tensor read from a checkpoint opened on another path on one rank.
+std::vector<Case> read_checkpoint_cases(const Files& files) {
+  const io::Checkpoint model(meshes().usual, files.checkpoint);
+  const io::Checkpoint copy(meshes().usual, files.copy);
+  return {value_case("checkpoint", "the checkpoint path differs",
+                     [=](bool here) {
+                       (void)io::read_matrix<float, ExecSpace, MemSpace>(
+                           here ? copy : model, "weight", meshes().usual,
+                           Layout(Replicate{}, Shard<0>{}));
+                     },
+                     {files_unchanged(files)})};
+}
+
 std::vector<EntryPoint> entry_points(const Files& files) {
   const auto with = [&files](auto cases) { return [&files, cases] { return cases(files); }; };
   return {{"io::SafetensorsFile", Kind::agreed, with(open_cases)},
           {"io::Checkpoint", Kind::agreed, with(checkpoint_cases)},
           {"io::read_matrix", Kind::agreed, with(read_matrix_cases)},
+          {"io::read_matrix", Kind::agreed, with(read_checkpoint_cases)},
           {"io::read_into", Kind::agreed, with(read_into_cases)},
           {"io::write_safetensors", Kind::agreed, with(write_cases)},
           {"io::write_rows_in_place", Kind::agreed, with(in_place_cases)},
           {"io::undo_in_place", Kind::agreed, with(undo_cases)},
           {"io::write_checkpoint", Kind::agreed, with(write_checkpoint_cases)},
           {"io::undo_checkpoint", Kind::agreed, with(undo_checkpoint_cases)},
-          {"io::tensor_hashes", Kind::agreed, with(tensor_hashes_cases)}};
+          {"io::tensor_hashes", Kind::agreed, with(tensor_hashes_cases)},
+          {"io::convert_checkpoint", Kind::agreed, with(convert_cases)}};
 }
 
 TEST(IoEntryPoints, TableCoversTheHeaders) {

@@ -6,6 +6,7 @@
 namespace kshard_repair {
 
 void define(CLI::App& app, Options& o) {
+  app.set_version_flag("--version", fmt::format("kshard-repair {}", KSHARD_VERSION_TEXT));
   app.add_option("MODEL", o.model, "a .safetensors file or a checkpoint folder")->required();
   auto* out = app.add_option("--out", o.out,
                              "write the repaired checkpoint here (a file for a file, a folder "

@@ -14,21 +14,6 @@
 
 namespace kshard_repair {
 
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-std::string throughput(std::int64_t bytes, double seconds) {
-  return fmt::format("{:.1f} MB in {:.3f} s ({:.0f} MB/s)", static_cast<double>(bytes) / 1e6,
-                     seconds, static_cast<double>(bytes) / 1e6 / std::max(seconds, 1e-9));
-}
-
 std::string id_list(const std::vector<kshard::index_t>& ids) {
   constexpr std::size_t shown = 16;
   if (ids.size() <= shown) return fmt::format("[{}]", fmt::join(ids, ", "));

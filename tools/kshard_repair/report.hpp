@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "../common/console.hpp"
 #include "kshard/comm/group.hpp"
 #include "kshard/index.hpp"
 #include "kshard/repair.hpp"
@@ -31,22 +32,10 @@ struct Failure {
   bool report_writable = true;  // false: the report path is the problem; leave it alone
 };
 
-// This process's rank in MPI_COMM_WORLD.
-int world_rank();
-
-// Rank 0 prints (progress and the summary); the other ranks stay quiet.
-template <class... Args>
-void say(fmt::format_string<Args...> format, Args&&... args) {
-  if (world_rank() == 0) {
-    fmt::print(format, std::forward<Args>(args)...);
-    std::fflush(stdout);
-  }
-}
-
-double seconds_since(std::chrono::steady_clock::time_point start);
-
-// "12.3 MB in 0.456 s (27 MB/s)".
-std::string throughput(std::int64_t bytes, double seconds);
+using kshard_tools::say;
+using kshard_tools::seconds_since;
+using kshard_tools::throughput;
+using kshard_tools::world_rank;
 
 // Ids as "[a, b, c]", the middle of a long list left out.
 std::string id_list(const std::vector<kshard::index_t>& ids);

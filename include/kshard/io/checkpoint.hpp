@@ -1,19 +1,31 @@
 #pragma once
 
 /// \file
-/// A Hugging Face checkpoint: one `.safetensors` file, or a folder holding `model.safetensors`
-/// or shards listed by `model.safetensors.index.json` (its `weight_map` names each tensor's
-/// file), with the `config.json` fields the repair needs.
+/// A checkpoint in any of the three forms training and serving code write, with the
+/// `config.json` fields the repair needs:
+/// - one `.safetensors` file, or a folder holding `model.safetensors` (Hugging Face, unsharded);
+/// - a folder whose `model.safetensors.index.json` maps each tensor to one of its files
+///   (Hugging Face, sharded by tensor);
+/// - a folder of per-rank shards, as a training job writes them (torch's
+///   HuggingFaceStorageWriter, NeMo AutoModel's default save): each `.safetensors` file holds
+///   one rank's pieces of the tensors, placed by the `DCP_SHARDING_INFO` of its metadata.
+/// The form is recognised by the folder's contents, in that order: an index, then
+/// `model.safetensors`, then `.safetensors` files that all carry sharding info.
 ///
 ///     kshard::io::Checkpoint model(mesh, "path/to/model");   // collective
-///     const auto& file = model.file_of("model.embed_tokens.weight");
+///     const kshard::io::StoredTensor& embed = model.tensor("model.embed_tokens.weight");
 ///     auto pad = model.config().pad_token_id;
 ///
+/// Every tensor is a `StoredTensor`: dtype, global shape (for per-rank shards the maximum of
+/// offset + shape over its pieces, as torch computes it) and the pieces that tile it.
 /// A single file's `config.json` is the one in its folder. Opening costs one header read per
 /// file on every rank (ranks that see different files under one path are refused) and one
-/// broadcast per JSON file; every rank throws the same `kshard::error` for a missing path, an
-/// index that is not JSON, names a file outside the folder or a tensor its file lacks, a tensor
-/// in two shards, and a config.json field of the wrong type or range.
+/// broadcast per JSON file and folder listing; every rank throws the same `kshard::error` for a
+/// missing path, an index that is not JSON, names a file outside the folder or a tensor its file
+/// lacks, a tensor in two shards, per-rank shards whose pieces do not tile a tensor exactly (a
+/// gap, an overlap, a dtype or rank that differs between files, sharding info that is not JSON
+/// or names a tensor its file lacks, a file without it), and a config.json field of the wrong
+/// type or range.
 
 #include <cstdint>
 #include <filesystem>
@@ -31,7 +43,10 @@
 #include "kshard/detail/operation.hpp"
 #include "kshard/error.hpp"
 #include "kshard/io/detail/checkpoint_json.hpp"
+#include "kshard/io/detail/shard_folder.hpp"
+#include "kshard/io/detail/tiling.hpp"
 #include "kshard/io/safetensors.hpp"
+#include "kshard/io/stored_tensor.hpp"
 #include "kshard/mesh.hpp"
 
 namespace kshard::io {
@@ -50,13 +65,20 @@ inline constexpr std::string_view safetensors_index_name = "model.safetensors.in
 /// The name of the single file of an unsharded checkpoint folder.
 inline constexpr std::string_view safetensors_single_name = "model.safetensors";
 
-/// A checkpoint opened on a mesh: its safetensors files (headers validated), which file holds
-/// each tensor, and its config. Collective to open; the queries are local.
+/// The three forms of a checkpoint (see the file comment).
+enum class CheckpointForm : std::uint8_t {
+  single_file,     ///< one safetensors file (given, or `model.safetensors` in the folder)
+  indexed,         ///< files listed by `model.safetensors.index.json`, each tensor whole in one
+  per_rank_shards  ///< one file per rank, each tensor in pieces placed by `DCP_SHARDING_INFO`
+};
+
+/// A checkpoint opened on a mesh: its safetensors files (headers validated), its tensors (where
+/// each piece of each lies), and its config. Collective to open; the queries are local.
 class Checkpoint {
  public:
   /// Opens `path`: a `.safetensors` file, or a folder with `model.safetensors.index.json` (a
-  /// sharded checkpoint) or `model.safetensors`, and optionally `config.json`. Collective over
-  /// `mesh`; see the file comment for the errors.
+  /// sharded checkpoint), `model.safetensors`, or per-rank shards, and optionally
+  /// `config.json`. Collective over `mesh`; see the file comment for the errors.
   template <std::size_t N>
   Checkpoint(const Mesh<N>& mesh, std::filesystem::path path) : path_(std::move(path)) {
     const detail::Operation operation("io::Checkpoint");
@@ -77,24 +99,12 @@ class Checkpoint {
       return;
     }
     const auto index_path = path_ / safetensors_index_name;
-    const auto index = detail::read_small_file(group, index_path);
-    if (!index) {
+    if (const auto index = detail::read_small_file(group, index_path))
+      open_indexed(mesh, detail::parse_weight_map(*index, index_path), index_path);
+    else if (rank0_sees_file(group, path_ / safetensors_single_name))
       open_single(mesh, path_ / safetensors_single_name);
-      return;
-    }
-    const auto weight_map = detail::parse_weight_map(*index, index_path);
-    std::map<std::string, std::size_t> opened;
-    for (const auto& [tensor, file] : weight_map) {
-      auto [it, added] = opened.emplace(file, files_.size());
-      if (added) files_.emplace_back(mesh, path_ / file);
-      if (files_[it->second].header().find(tensor) == nullptr)
-        throw error(
-            fmt::format("kshard::io: '{}' maps tensor {} to '{}', which has no such "
-                        "tensor",
-                        index_path.string(), detail::in_quotes(tensor), file));
-      file_index_[tensor] = it->second;
-    }
-    refuse_second_copies(index_path);
+    else
+      open_shards(mesh, detail::list_safetensors(group, path_));
   }
 
   /// The path it was opened from.
@@ -105,24 +115,38 @@ class Checkpoint {
   [[nodiscard]] const ModelConfig& config() const { return config_; }
   /// Its safetensors files, in the order first named.
   [[nodiscard]] const std::vector<SafetensorsFile>& files() const { return files_; }
-  /// True when some file holds tensor `name`.
+  /// How it is stored.
+  [[nodiscard]] CheckpointForm form() const { return form_; }
+  /// True when it holds tensor `name`.
   [[nodiscard]] bool contains(std::string_view name) const {
-    return file_index_.find(std::string(name)) != file_index_.end();
+    return tensors_.find(std::string(name)) != tensors_.end();
   }
   /// Every tensor name, sorted.
   [[nodiscard]] std::vector<std::string> tensor_names() const {
     std::vector<std::string> names;
-    for (const auto& [name, file] : file_index_) names.push_back(name);
+    for (const auto& [name, tensor] : tensors_) names.push_back(name);
     return names;
   }
-  /// The file holding tensor `name`; throws `kshard::error` (locally: the names are the same on
-  /// every rank) when none does.
-  [[nodiscard]] const SafetensorsFile& file_of(std::string_view name) const {
-    const auto it = file_index_.find(std::string(name));
-    if (it == file_index_.end())
+  /// Tensor `name`: dtype, global shape and pieces. Throws `kshard::error` (locally: the names
+  /// are the same on every rank) when there is none.
+  [[nodiscard]] const StoredTensor& tensor(std::string_view name) const {
+    const auto it = tensors_.find(std::string(name));
+    if (it == tensors_.end())
       throw error(fmt::format("kshard::io: the checkpoint '{}' has no tensor {}", path_.string(),
                               detail::in_quotes(name)));
-    return files_[it->second];
+    return it->second;
+  }
+  /// The file holding tensor `name` whole. Throws `kshard::error` (locally) when there is no
+  /// such tensor or it is stored in pieces (per-rank shards: read it with the `read_matrix`
+  /// that takes a checkpoint).
+  [[nodiscard]] const SafetensorsFile& file_of(std::string_view name) const {
+    const StoredTensor& stored = tensor(name);
+    if (stored.pieces.size() != 1)
+      throw error(
+          fmt::format("kshard::io: tensor {} of '{}' is stored in {} pieces, not whole in "
+                      "one file",
+                      detail::in_quotes(name), path_.string(), stored.pieces.size()));
+    return files_[stored.pieces[0].file];
   }
 
  private:
@@ -137,20 +161,82 @@ class Checkpoint {
             detail::config_field<index_t>(config, "vocab_size", path)};
   }
 
+  // True when rank 0 sees a file at `path` (the same answer on every rank).
+  static bool rank0_sees_file(const comm::Group& group, const std::filesystem::path& path) {
+    std::error_code ec;  // rank 0 alone looks: it must not throw
+    std::int64_t seen = group.rank() == 0 && std::filesystem::is_regular_file(path, ec);
+    group.bcast(&seen, 1, 0);
+    return seen != 0;
+  }
+
   template <std::size_t N>
   void open_single(const Mesh<N>& mesh, const std::filesystem::path& file) {
+    form_ = CheckpointForm::single_file;
     files_.emplace_back(mesh, file);
-    for (const auto& tensor : files_[0].header().tensors) file_index_[tensor.name] = 0;
+    place_pieces(files_.size());
+  }
+
+  template <std::size_t N>
+  void open_indexed(const Mesh<N>& mesh, const std::map<std::string, std::string>& weight_map,
+                    const std::filesystem::path& index_path) {
+    form_ = CheckpointForm::indexed;
+    std::map<std::string, std::size_t> opened;
+    std::map<std::string, std::size_t> file_index;
+    for (const auto& [tensor, file] : weight_map) {
+      auto [it, added] = opened.emplace(file, files_.size());
+      if (added) files_.emplace_back(mesh, path_ / file);
+      if (files_[it->second].header().find(tensor) == nullptr)
+        throw error(
+            fmt::format("kshard::io: '{}' maps tensor {} to '{}', which has no such "
+                        "tensor",
+                        index_path.string(), detail::in_quotes(tensor), file));
+      file_index[tensor] = it->second;
+    }
+    refuse_second_copies(file_index, index_path);
+    place_pieces(files_.size());
+    std::erase_if(tensors_, [&](const auto& entry) { return !file_index.contains(entry.first); });
+  }
+
+  // Opens the per-rank shards `names` of the folder; each must carry sharding info.
+  template <std::size_t N>
+  void open_shards(const Mesh<N>& mesh, const std::vector<std::string>& names) {
+    form_ = CheckpointForm::per_rank_shards;
+    if (names.empty())
+      throw error(fmt::format(
+          "kshard::io: '{}' holds no {}, no {} and no .safetensors files (per-rank shards)",
+          path_.string(), safetensors_index_name, safetensors_single_name));
+    for (const auto& name : names) files_.emplace_back(mesh, path_ / name);
+    place_pieces(0);
+  }
+
+  // The stored tensors of the files: whole tensors, or pieces where the files carry sharding
+  // info (which per-rank shards must: all of them from `first_shard` on).
+  void place_pieces(std::size_t first_shard) {
+    std::vector<std::optional<detail::ShardingInfo>> infos;
+    std::vector<detail::PieceSource> sources;
+    for (const SafetensorsFile& file : files_) infos.push_back(detail::sharding_info_of(file));
+    for (std::size_t f = 0; f < files_.size(); ++f) {
+      if (f >= first_shard && !infos[f])
+        throw error(fmt::format(
+            "kshard::io: '{}' has no {} in its metadata; a folder without {} or {} is read as "
+            "per-rank shards, each placed by it",
+            files_[f].path().string(), detail::sharding_info_key, safetensors_index_name,
+            safetensors_single_name));
+      sources.push_back(
+          {files_[f].path().string(), &files_[f].header(), infos[f] ? &*infos[f] : nullptr});
+    }
+    tensors_ = detail::stored_tensors(sources);
   }
 
   // A tensor the index maps to one shard but that another shard holds too: a repair would
   // change one copy and leave the other, which a loader reading every shard may take. The
   // headers are the same on every rank, so is the error.
-  void refuse_second_copies(const std::filesystem::path& index_path) const {
+  void refuse_second_copies(const std::map<std::string, std::size_t>& file_index,
+                            const std::filesystem::path& index_path) const {
     for (std::size_t f = 0; f < files_.size(); ++f)
       for (const auto& tensor : files_[f].header().tensors) {
-        const auto mapped = file_index_.find(tensor.name);
-        if (mapped != file_index_.end() && mapped->second != f)
+        const auto mapped = file_index.find(tensor.name);
+        if (mapped != file_index.end() && mapped->second != f)
           throw error(
               fmt::format("kshard::io: tensor {} is in '{}' and in '{}' ('{}' names the first); a "
                           "tensor must be in one shard only",
@@ -162,8 +248,9 @@ class Checkpoint {
   std::filesystem::path path_;
   bool folder_ = false;
   ModelConfig config_;
+  CheckpointForm form_ = CheckpointForm::single_file;
   std::vector<SafetensorsFile> files_;
-  std::map<std::string, std::size_t> file_index_;
+  std::map<std::string, StoredTensor> tensors_;
 };
 
 }  // namespace kshard::io

@@ -54,11 +54,9 @@ inline std::optional<std::string> read_small_file(const comm::Group& group,
     });
   }
   agree(group, problem);
-  std::array<std::int64_t, 2> header{state, static_cast<std::int64_t>(text.size())};
-  group.bcast(header.data(), 2, 0);
-  if (header[0] == 0) return std::nullopt;
-  text.resize(static_cast<std::size_t>(header[1]));
-  broadcast_bytes(text.data(), text.size(), group);
+  group.bcast(&state, 1, 0);
+  if (state == 0) return std::nullopt;
+  broadcast_text(text, group);
   return text;
 }
 

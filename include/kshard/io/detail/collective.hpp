@@ -39,6 +39,14 @@ inline void broadcast_bytes(void* data, std::uint64_t size, const comm::Group& g
     group.bcast(bytes + done, static_cast<int>(std::min(piece, size - done)), 0);
 }
 
+// Rank 0's `text` on every rank of `group`.
+inline void broadcast_text(std::string& text, const comm::Group& group) {
+  auto size = static_cast<std::int64_t>(text.size());
+  group.bcast(&size, 1, 0);
+  text.resize(static_cast<std::size_t>(size));
+  broadcast_bytes(text.data(), text.size(), group);
+}
+
 // True where this rank holds the first copy of its block: the ranks that read or write it.
 template <class M>
 bool transfers(const M& matrix) {

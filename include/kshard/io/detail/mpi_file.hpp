@@ -18,6 +18,7 @@
 #include "kshard/comm/mpi.hpp"
 #include "kshard/error.hpp"
 #include "kshard/index.hpp"
+#include "kshard/io/detail/box_runs.hpp"
 #include "kshard/io/io_stats.hpp"
 #include "kshard/layout_mapping.hpp"
 
@@ -133,6 +134,32 @@ ShardTypes shard_types(const LayoutMapping<N>& mapping, const std::vector<IndexR
   types.memory = MpiType(contiguous_bytes(cols, element_bytes));
   types.count = checked_int(rows, "io", "a shard's row count");
   types.bytes = rows * cols * element_bytes;
+  return types;
+}
+
+// The datatypes that move `runs` (sorted by source byte, as a file view must be; each under
+// 2^31 bytes, see split_runs): the file type selects each run's bytes in the file, the memory
+// type its destination bytes in memory; count 1, or 0 where there are no runs.
+inline ShardTypes byte_run_types(const std::vector<ByteRun>& runs) {
+  ShardTypes types;
+  if (runs.empty()) return types;
+  std::vector<int> lengths;
+  std::vector<MPI_Aint> in_file, in_memory;
+  for (const ByteRun& run : runs) {
+    lengths.push_back(checked_int(static_cast<index_t>(run.bytes), "io", "a run's byte count"));
+    in_file.push_back(static_cast<MPI_Aint>(run.from));
+    in_memory.push_back(static_cast<MPI_Aint>(run.to));
+    types.bytes += static_cast<index_t>(run.bytes);
+  }
+  const int count = checked_int(static_cast<index_t>(runs.size()), "io", "a run count");
+  MPI_Datatype file = MPI_DATATYPE_NULL, memory = MPI_DATATYPE_NULL;
+  check_mpi(MPI_Type_create_hindexed(count, lengths.data(), in_file.data(), MPI_BYTE, &file),
+            "MPI_Type_create_hindexed");
+  types.file = MpiType(file);
+  check_mpi(MPI_Type_create_hindexed(count, lengths.data(), in_memory.data(), MPI_BYTE, &memory),
+            "MPI_Type_create_hindexed");
+  types.memory = MpiType(memory);
+  types.count = 1;
   return types;
 }
 

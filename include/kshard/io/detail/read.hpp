@@ -14,6 +14,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -30,6 +31,25 @@
 
 namespace kshard::detail {
 
+// Why tensor `name` of `where` (a file or checkpoint, quoted), of `dtype` and `shape`, cannot be
+// a rows x cols matrix of T (rows, cols < 0: any shape).
+template <class T>
+std::optional<std::string> shape_problem(std::string_view name, const std::string& where,
+                                         io::Dtype dtype, const std::vector<std::int64_t>& shape,
+                                         index_t rows, index_t cols) {
+  if (dtype != io::dtype_of<T>())
+    return fmt::format("kshard::io: tensor {} of {} is {}, but the matrix holds {} ({})",
+                       in_quotes(name), where, io::to_string(dtype), render_type(type_code<T>()),
+                       io::to_string(io::dtype_of<T>()));
+  if (shape.size() != 2)
+    return fmt::format("kshard::io: tensor {} of {} has shape {}; a matrix needs 2 dimensions",
+                       in_quotes(name), where, io::shape_text(shape));
+  if (rows >= 0 && (shape[0] != rows || shape[1] != cols))
+    return fmt::format("kshard::io: tensor {} of {} has shape {}, but the matrix is {} x {}",
+                       in_quotes(name), where, io::shape_text(shape), rows, cols);
+  return std::nullopt;
+}
+
 // Why tensor `name` of `file` cannot be a rows x cols matrix of T (rows, cols < 0: any shape).
 template <class T>
 std::optional<std::string> matrix_problem(const io::SafetensorsFile& file, std::string_view name,
@@ -38,17 +58,7 @@ std::optional<std::string> matrix_problem(const io::SafetensorsFile& file, std::
   const std::string where = fmt::format("'{}'", file.path().string());
   if (entry == nullptr)
     return fmt::format("kshard::io: {} has no tensor {}", where, in_quotes(name));
-  if (entry->dtype != io::dtype_of<T>())
-    return fmt::format("kshard::io: tensor {} of {} is {}, but the matrix holds {} ({})",
-                       in_quotes(name), where, io::to_string(entry->dtype),
-                       render_type(type_code<T>()), io::to_string(io::dtype_of<T>()));
-  if (entry->shape.size() != 2)
-    return fmt::format("kshard::io: tensor {} of {} has shape {}; a matrix needs 2 dimensions",
-                       in_quotes(name), where, io::shape_text(entry->shape));
-  if (rows >= 0 && (entry->shape[0] != rows || entry->shape[1] != cols))
-    return fmt::format("kshard::io: tensor {} of {} has shape {}, but the matrix is {} x {}",
-                       in_quotes(name), where, io::shape_text(entry->shape), rows, cols);
-  return std::nullopt;
+  return shape_problem<T>(name, where, entry->dtype, entry->shape, rows, cols);
 }
 
 // The mesh dimensions layout L replicates over, in increasing order.

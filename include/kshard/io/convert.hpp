@@ -1,0 +1,152 @@
+#pragma once
+
+/// \file
+/// A checkpoint rewritten in another form, collectively and straight into the final files: a
+/// training job's per-rank shards consolidated into a Hugging Face model, or any checkpoint
+/// resharded into the per-rank shards a job on another mesh would have written.
+///
+///     kshard::io::Checkpoint model(mesh, "ckpt/epoch_0_step_1000/model");   // 8 shards
+///     kshard::io::convert_checkpoint(mesh, model, "hf", {});                 // consolidated
+///     kshard::io::ConvertOptions tp;
+///     tp.form = kshard::io::OutputForm::sharded;
+///     tp.sharding = {{2}, kshard::parse_layout("Shard(0)"),
+///                    {{"*o_proj*", kshard::parse_layout("Shard(1)")}}};  // as a 2-rank TP job
+///     kshard::io::convert_checkpoint(mesh, model, "tp2", tp);
+///
+/// Costs. No rank assembles anything: the output files are laid out first (headers alike on
+/// every rank), rank 0 creates them at their final size, and every rank writes an equal share of
+/// their bytes, reading (pread) only the runs of the stored pieces that fill it, through a buffer
+/// of at most `buffer_bytes` (a piece that fills a whole buffer's worth is copied inside the
+/// kernel with copy_file_range, as cp copies). Memory per rank: the buffer and its run lists,
+/// whatever the checkpoint's size. Every rank fsyncs what it wrote; rank 0 copies the files
+/// beside the weights, writes the index, and renames the folder into place.
+///
+/// Consolidated output (`OutputForm::hf`): whole tensors in name order, `model.safetensors`, or
+/// `model-0000i-of-0000n.safetensors` split at `max_shard_bytes` with
+/// `model.safetensors.index.json` (weight_map, metadata.total_size), headers padded to 8 bytes
+/// with `{"format": "pt"}`, and the config and tokenizer files (from `.hf_metadata/` of per-rank
+/// shards). Per-rank output (`OutputForm::sharded`): for each rank of `sharding.mesh` holding a
+/// first copy of some tensor, `shard-0000{r+1}-model-00001-of-00001.safetensors` with its boxes
+/// and their `DCP_SHARDING_INFO`, which torch's HuggingFaceStorageReader and kshard read; the
+/// files beside the weights go to `.hf_metadata/`. Tensors of every rank and dtype move as bytes.
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kshard/comm/agreement.hpp"
+#include "kshard/detail/operation.hpp"
+#include "kshard/io/checkpoint.hpp"
+#include "kshard/io/convert_options.hpp"
+#include "kshard/io/detail/collective.hpp"
+#include "kshard/io/detail/convert_folder.hpp"
+#include "kshard/io/detail/convert_plan.hpp"
+#include "kshard/io/detail/convert_run.hpp"
+#include "kshard/mesh.hpp"
+
+namespace kshard::detail {
+
+// The output files of `model` converted with `options` (laid out alike on every rank).
+inline std::vector<OutputFile> plan_conversion(const io::Checkpoint& model,
+                                               const io::ConvertOptions& options) {
+  std::vector<const io::StoredTensor*> tensors;
+  for (const auto& name : model.tensor_names()) tensors.push_back(&model.tensor(name));
+  return options.form == io::OutputForm::hf ? plan_hf(tensors, options.max_shard_bytes)
+                                            : plan_shards(tensors, options.sharding);
+}
+
+// Every rank writes its share of `files` (in `partial`) from `model`'s files, then fsyncs.
+inline void write_shares(const comm::Group& group, const io::Checkpoint& model,
+                         const std::filesystem::path& partial, const std::vector<OutputFile>& files,
+                         const io::ConvertOptions& options) {
+  std::vector<std::filesystem::path> sources, outputs;
+  for (const auto& file : model.files()) sources.push_back(file.path());
+  std::uint64_t total = 0;
+  for (const OutputFile& file : files) {
+    outputs.push_back(partial / file.name);
+    total += file.header.data_size;
+  }
+  ByteMover mover(sources, outputs, options.buffer_bytes);
+  std::uint64_t done = 0;
+  const auto report = [&](std::uint64_t bytes) {
+    done += bytes;
+    if (group.rank() == 0 && options.progress)
+      options.progress(std::min(total, done * static_cast<std::uint64_t>(group.size())), total);
+  };
+  for (const Stretch& stretch : stretches_of(files, group.rank(), group.size()))
+    mover.write(stretch, files[stretch.file], report);
+  mover.sync();
+}
+
+// Rank 0: the side files, the index, and the folder in place, durably.
+inline void publish_folder(const io::Checkpoint& model, const std::filesystem::path& partial,
+                           const std::filesystem::path& out, const std::vector<OutputFile>& files,
+                           const io::ConvertOptions& options) {
+  copy_side_files(model, partial, options.form);
+  if (options.form == io::OutputForm::hf && files.size() > 1) {
+    const std::string index = hf_index_text(files);
+    const auto path = partial / io::safetensors_index_name;
+    const ScopedFd fd(open_or_throw(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC));
+    pwrite_exactly(fd.get(), index.data(), index.size(), 0, path);
+    fsync_or_throw(fd.get(), path);
+  }
+  const ScopedFd folder(open_or_throw(partial, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  fsync_or_throw(folder.get(), partial);  // its entries, before the name that publishes them
+  publish(partial, out);
+}
+
+}  // namespace kshard::detail
+
+namespace kshard::io {
+
+/// Writes `model` in the form `options` asks for as the new folder `out` (see the file comment),
+/// and returns the paths of its weights files. Collective over `mesh`, at any rank count (the
+/// output's mesh is `options.sharding.mesh`, not this one). The folder is written as `out` +
+/// ".kshard-partial", every file fsynced, then renamed: `out` appears complete or not at all (a
+/// rank killed mid-write leaves the temporary folder, which a later run refuses to touch until
+/// it is removed). Every rank throws the same `kshard::error`, with `out` absent and nothing of
+/// `model` changed, for options that differ between ranks or cannot be written (a layout that
+/// does not fit the mesh, a Partial, a layout giving a rank a non-contiguous part of a tensor), an
+/// `out` or temporary folder that exists, a missing parent folder, and any failed read or write.
+template <std::size_t N>
+std::vector<std::filesystem::path> convert_checkpoint(const Mesh<N>& mesh, const Checkpoint& model,
+                                                      const std::filesystem::path& out,
+                                                      const ConvertOptions& options) {
+  const detail::Operation operation("io::convert_checkpoint");
+  const comm::Group& group = mesh.group();
+  detail::Agreement agreement(group);
+  detail::same_text(agreement, "the output folder", out.string());
+  detail::same_text(agreement, "the checkpoint path", model.path().string());
+  detail::same_text(agreement, "the options", detail::options_text(options));
+  agreement.problem(detail::options_problem(options));
+  if (mesh.my_rank() == 0) agreement.problem(detail::output_folder_problem(out));
+  agreement.settle();
+  std::vector<detail::OutputFile> files;
+  detail::agree(group, detail::attempt([&] { files = detail::plan_conversion(model, options); }));
+  const auto partial = detail::partial_folder(out);
+  bool created = false;  // rank 0 made the temporary folder: its to remove after a failure
+  try {
+    detail::agree(group, detail::attempt([&] {
+                    if (mesh.my_rank() == 0) detail::create_outputs(partial, files, created);
+                  }));
+    detail::agree(group, detail::attempt(
+                             [&] { detail::write_shares(group, model, partial, files, options); }));
+    detail::agree(group, detail::attempt([&] {
+                    if (mesh.my_rank() == 0)
+                      detail::publish_folder(model, partial, out, files, options);
+                  }));
+  } catch (const error&) {
+    if (created) detail::remove_quietly({partial});
+    throw;
+  }
+  std::vector<std::filesystem::path> written;
+  for (const auto& file : files) written.push_back(out / file.name);
+  return written;
+}
+
+}  // namespace kshard::io

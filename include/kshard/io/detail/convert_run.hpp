@@ -1,0 +1,189 @@
+#pragma once
+
+// The byte moves of a conversion (io::convert_checkpoint): every rank writes an equal share of
+// the output files' data sections (cut at element boundaries), each stretch in pieces of at most
+// one buffer: the runs where the stored pieces meet it are read (pread) into the buffer, which
+// is written (pwrite) where it goes; a piece that fills a whole buffer's worth on its own is
+// copied inside the kernel (copy_file_range), as cp does. POSIX I/O on disjoint byte ranges:
+// no rank assembles anything for another.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kshard/io/detail/box_runs.hpp"
+#include "kshard/io/detail/convert_plan.hpp"
+#include "kshard/io/detail/paths.hpp"
+#include "kshard/io/detail/posix.hpp"
+#include "kshard/io/io_stats.hpp"
+
+namespace kshard::detail {
+
+// Elements [begin, end) of output tensor `tensor` (row-major in its box) of output file `file`,
+// which one rank writes.
+struct Stretch {
+  std::size_t file = 0;
+  const OutputTensor* tensor = nullptr;
+  const io::TensorEntry* entry = nullptr;
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+};
+
+// The element of a tensor whose bytes are [first, last) in the concatenated data sections where
+// byte position `at` falls (clamped to the tensor): the share boundaries of all ranks cut each
+// tensor at the same elements, so the shares partition it.
+inline std::int64_t element_at(std::uint64_t at, std::uint64_t first, std::uint64_t last,
+                               std::uint64_t element_bytes) {
+  return static_cast<std::int64_t>((std::clamp(at, first, last) - first) / element_bytes);
+}
+
+// The stretches of rank `rank` of `ranks`: its equal share of the concatenated data sections.
+inline std::vector<Stretch> stretches_of(const std::vector<OutputFile>& files, int rank,
+                                         int ranks) {
+  std::uint64_t total = 0;
+  for (const OutputFile& file : files) total += file.header.data_size;
+  // floor(total * r / ranks) without overflow: total = q * ranks + m, m * r < ranks^2.
+  const auto boundary = [&](std::uint64_t r) {
+    const auto n = static_cast<std::uint64_t>(ranks);
+    return total / n * r + total % n * r / n;
+  };
+  const std::uint64_t low = boundary(static_cast<std::uint64_t>(rank));
+  const std::uint64_t high = boundary(static_cast<std::uint64_t>(rank) + 1);
+  std::vector<Stretch> stretches;
+  std::uint64_t base = 0;
+  for (std::size_t f = 0; f < files.size(); ++f) {
+    for (const OutputTensor& tensor : files[f].tensors) {
+      const io::TensorEntry* entry = files[f].header.find(tensor.tensor->name);
+      const std::uint64_t first = base + entry->begin, last = base + entry->end;
+      const std::uint64_t size = dtype_info(entry->dtype).size;
+      const Stretch stretch{f, &tensor, entry, element_at(low, first, last, size),
+                            element_at(high, first, last, size)};
+      if (stretch.begin < stretch.end) stretches.push_back(stretch);
+    }
+    base += files[f].header.data_size;
+  }
+  return stretches;
+}
+
+// The runs that fill elements [a, b) of `out` (element a at byte 0 of a buffer) from the stored
+// pieces, by source file, each list sorted by its place in the file.
+inline std::map<std::size_t, std::vector<ByteRun>> fill_runs(const OutputTensor& out,
+                                                             std::int64_t a, std::int64_t b) {
+  const io::StoredTensor& tensor = *out.tensor;
+  const std::uint64_t element_bytes = dtype_info(tensor.dtype).size;
+  std::map<std::size_t, std::vector<ByteRun>> runs;
+  std::uint64_t placed = 0;  // bytes of [a, b) the boxes before this one hold
+  boxes_of_range(
+      out.shape, a, b, [&](std::vector<std::int64_t> at, std::vector<std::int64_t> extent) {
+        std::uint64_t elements = 1;
+        for (std::size_t d = 0; d < at.size(); ++d) {
+          at[d] += out.offsets[d];
+          elements *= static_cast<std::uint64_t>(extent[d]);
+        }
+        const BoxStorage target = row_major_box(std::move(at), std::move(extent), placed);
+        for (const io::StoredPiece& piece : tensor.pieces)
+          append_shared_runs(row_major_box(piece.offsets, piece.shape, piece.file_offset), target,
+                             element_bytes, runs[piece.file]);
+        placed += elements * element_bytes;
+      });
+  for (auto& [file, list] : runs)
+    std::sort(list.begin(), list.end(),
+              [](const ByteRun& x, const ByteRun& y) { return x.from < y.from; });
+  return runs;
+}
+
+// Copies `bytes` bytes from `from` of `in` to `to` of `out` inside the kernel; false when the
+// file systems cannot (the caller copies through its buffer then).
+inline bool copy_in_kernel(int in, std::uint64_t from, int out, std::uint64_t to,
+                           std::uint64_t bytes) {
+  auto in_at = static_cast<off_t>(from), out_at = static_cast<off_t>(to);
+  while (bytes > 0) {
+    const ssize_t n = ::copy_file_range(in, &in_at, out, &out_at, bytes, 0);
+    if (n <= 0) return false;  // a short copy resumes through the buffer from where it stopped
+    bytes -= static_cast<std::uint64_t>(n);
+  }
+  return true;
+}
+
+// One rank's byte mover: the checkpoint's files and the output files it opened, and its buffer.
+class ByteMover {
+ public:
+  ByteMover(std::vector<std::filesystem::path> sources, std::vector<std::filesystem::path> outputs,
+            std::uint64_t buffer_bytes)
+      : sources_(std::move(sources)),
+        outputs_(std::move(outputs)),
+        in_(sources_.size()),
+        out_(outputs_.size()),
+        buffer_bytes_(buffer_bytes) {}
+
+  // Writes `stretch` of `file`, calling `done(bytes)` after each buffer's worth.
+  void write(const Stretch& stretch, const OutputFile& file,
+             const std::function<void(std::uint64_t)>& done) {
+    const std::uint64_t element_bytes = dtype_info(stretch.entry->dtype).size;
+    const auto step =
+        static_cast<std::int64_t>(std::max<std::uint64_t>(1, buffer_bytes_ / element_bytes));
+    for (std::int64_t a = stretch.begin; a < stretch.end; a += std::min(step, stretch.end - a)) {
+      const std::int64_t b = std::min(stretch.end, a + step);
+      const std::uint64_t at = file.header.data_offset + stretch.entry->begin +
+                               static_cast<std::uint64_t>(a) * element_bytes;
+      const std::uint64_t bytes = static_cast<std::uint64_t>(b - a) * element_bytes;
+      move(fill_runs(*stretch.tensor, a, b), stretch.file, at, bytes);
+      done(bytes);
+    }
+  }
+
+  // Every output file this rank wrote is on the storage device.
+  void sync() {
+    for (std::size_t f = 0; f < out_.size(); ++f)
+      if (out_[f]) fsync_or_throw(out_[f]->get(), outputs_[f]);
+  }
+
+ private:
+  // Fills bytes [at, at + bytes) of output file `file` by `runs` (from the buffer's start).
+  void move(const std::map<std::size_t, std::vector<ByteRun>>& runs, std::size_t file,
+            std::uint64_t at, std::uint64_t bytes) {
+    const int out = output(file);
+    if (runs.size() == 1 && runs.begin()->second.size() == 1) {  // one piece fills it
+      const ByteRun& run = runs.begin()->second.front();
+      if (copy_in_kernel(input(runs.begin()->first), run.from, out, at, bytes)) {
+        io::io_stats().bytes_read += static_cast<index_t>(bytes);  // as pread and pwrite count
+        io::io_stats().bytes_written += static_cast<index_t>(bytes);
+        return;
+      }
+    }
+    if (buffer_.size() < bytes) buffer_.resize(bytes);
+    for (const auto& [source, list] : runs)
+      for (const ByteRun& run : list)
+        throw_if(pread_exactly(input(source), buffer_.data() + run.to, run.bytes, run.from,
+                               sources_[source].string()));
+    pwrite_exactly(out, buffer_.data(), bytes, at, outputs_[file].string());
+  }
+  int input(std::size_t file) {
+    if (!in_[file]) in_[file].emplace(open_or_throw(sources_[file], O_RDONLY | O_CLOEXEC));
+    return in_[file]->get();
+  }
+  int output(std::size_t file) {
+    if (!out_[file]) out_[file].emplace(open_or_throw(outputs_[file], O_WRONLY | O_CLOEXEC));
+    return out_[file]->get();
+  }
+
+  std::vector<std::filesystem::path> sources_, outputs_;
+  std::vector<std::optional<ScopedFd>> in_, out_;
+  std::uint64_t buffer_bytes_;
+  std::vector<char> buffer_;
+};
+
+}  // namespace kshard::detail

@@ -1,0 +1,108 @@
+#pragma once
+
+// The collective read of a tensor stored in pieces (per-rank shards) into a DistMatrix: each
+// rank holding a first copy reads, from each file, exactly the bytes where a piece of that file
+// meets its shard (one MPI_File_read_at_all per file, through a file view of those runs); the
+// replicas receive their blocks by broadcast.
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kshard/comm/agreement.hpp"
+#include "kshard/io/checkpoint.hpp"
+#include "kshard/io/detail/box_runs.hpp"
+#include "kshard/io/detail/collective.hpp"
+#include "kshard/io/detail/mpi_file.hpp"
+#include "kshard/io/detail/read.hpp"
+#include "kshard/io/stored_tensor.hpp"
+#include "kshard/kernels/host_copy.hpp"
+
+namespace kshard::detail {
+
+// The boxes of this rank's shard of `mapping` (one per run of rows times run of columns) in its
+// row-major local storage of `element_bytes`-byte elements.
+template <std::size_t N>
+std::vector<BoxStorage> shard_boxes(const LayoutMapping<N>& mapping, std::uint64_t element_bytes) {
+  std::vector<BoxStorage> boxes;
+  const index_t width = mapping.cols.local_extent();
+  const std::vector<IndexRun> col_runs = mapping.cols.runs();
+  for (const IndexRun& rows : mapping.rows.runs())
+    for (const IndexRun& cols : col_runs)
+      boxes.push_back({{rows.global_begin, cols.global_begin},
+                       {rows.size, cols.size},
+                       {width, 1},
+                       static_cast<std::uint64_t>(rows.local_begin * width + cols.local_begin) *
+                           element_bytes});
+  return boxes;
+}
+
+// The runs that move the pieces of `tensor` in file `file` into `boxes`, sorted by their place
+// in the file and cut to MPI's int counts.
+inline std::vector<ByteRun> runs_from_file(const io::StoredTensor& tensor, std::size_t file,
+                                           const std::vector<BoxStorage>& boxes,
+                                           std::uint64_t element_bytes) {
+  std::vector<ByteRun> runs;
+  for (const io::StoredPiece& piece : tensor.pieces) {
+    if (piece.file != file) continue;
+    const BoxStorage stored = row_major_box(piece.offsets, piece.shape, piece.file_offset);
+    for (const BoxStorage& box : boxes) append_shared_runs(stored, box, element_bytes, runs);
+  }
+  std::sort(runs.begin(), runs.end(),
+            [](const ByteRun& a, const ByteRun& b) { return a.from < b.from; });
+  return split_runs(runs, std::uint64_t{1} << 30);
+}
+
+// One collective read of this rank's `runs` of `file` into `data`; every rank throws the same
+// error for a file that cannot be read or is shorter than its header says.
+inline void read_runs(const comm::Group& group, const io::SafetensorsFile& file,
+                      const std::vector<ByteRun>& runs, void* data) {
+  ShardTypes types;
+  std::optional<MpiFile> handle;
+  agree(group, attempt([&] {
+          types = byte_run_types(runs);
+          handle.emplace(group, file.path().string(), FileAccess::read);
+        }));
+  agree(group, attempt([&] {
+          handle->read_shard(0, types, data);
+          const std::uint64_t size = handle->size();
+          handle->close();
+          if (size < file.file_size())
+            throw error(
+                fmt::format("kshard::io: '{}' is {} bytes, shorter than the {} its header "
+                            "says (it changed after it was opened)",
+                            file.path().string(), size, file.file_size()));
+        }));
+}
+
+// The collective read of `tensor` (pieces in `model`'s files) into `matrix`, whose shape and
+// dtype were agreed on: a read per file holding a piece, then a broadcast per replica group.
+template <class ExecSpace, class M>
+void read_pieces(const ExecSpace& space, const io::Checkpoint& model,
+                 const io::StoredTensor& tensor, const M& matrix) {
+  constexpr std::uint64_t element_bytes = sizeof(typename M::value_type);
+  const auto& mesh = matrix.mesh();
+  const auto host = host_mirror(matrix.local());
+  fence(space, "kshard::io: before reading into a shard");
+  std::vector<BoxStorage> boxes;
+  if (transfers(matrix)) boxes = shard_boxes(matrix.mapping(), element_bytes);
+  std::set<std::size_t> files;
+  for (const io::StoredPiece& piece : tensor.pieces) files.insert(piece.file);
+  for (const std::size_t f : files)
+    read_runs(mesh.group(), model.files()[f], runs_from_file(tensor, f, boxes, element_bytes),
+              host.data());
+  if (auto group = replica_group<typename M::layout_type>(mesh))
+    broadcast_bytes(host.data(), host.size() * element_bytes, *group);
+  if (host.data() != matrix.local().data()) {
+    Kokkos::deep_copy(space, matrix.local(), host);
+    fence(space, "kshard::io: the shard is read (its host copy is freed)");
+  }
+}
+
+}  // namespace kshard::detail

@@ -1,0 +1,44 @@
+#pragma once
+
+/// \file
+/// A tensor as a checkpoint stores it: its dtype, its global shape, and the pieces that tile
+/// it, each a box of the tensor stored row-major in one file. A consolidated checkpoint stores
+/// each tensor as one piece; per-rank shards (torch's and NeMo AutoModel's
+/// `shard-*-model-*.safetensors`) store one piece per rank that held part of it.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kshard/io/safetensors_header.hpp"
+
+namespace kshard::io {
+
+/// One piece of a stored tensor: the box `[offsets, offsets + shape)` of the global tensor,
+/// stored row-major from byte `file_offset` of one file.
+struct StoredPiece {
+  std::size_t file = 0;               ///< the file's position in `Checkpoint::files()`
+  std::vector<std::int64_t> offsets;  ///< global index of its first element, per dimension
+  std::vector<std::int64_t> shape;    ///< its extents (row-major; empty for a scalar)
+  std::uint64_t file_offset = 0;      ///< where its first byte lies in the file
+
+  /// Equal when every field is.
+  friend bool operator==(const StoredPiece&, const StoredPiece&) = default;
+};
+
+/// A tensor of a checkpoint: dtype, global shape, and its pieces (an exact tiling: every
+/// element in exactly one piece), sorted by their offsets.
+struct StoredTensor {
+  std::string name;                 ///< its name in the checkpoint
+  Dtype dtype = Dtype::U8;          ///< element type, the same in every piece
+  std::vector<std::int64_t> shape;  ///< global extents (row-major; empty for a scalar)
+  std::vector<StoredPiece> pieces;  ///< the pieces, sorted by offsets
+
+  /// Bytes of the whole tensor.
+  [[nodiscard]] std::uint64_t bytes() const { return detail::byte_count(name, dtype, shape); }
+  /// Equal when every field is.
+  friend bool operator==(const StoredTensor&, const StoredTensor&) = default;
+};
+
+}  // namespace kshard::io

@@ -1,0 +1,162 @@
+// Checkpoints converted at any rank count (io::convert_checkpoint): a 4-rank job's per-rank
+// shards (tensors of rank 0 to 3 and of nine dtypes) consolidated into the file built serially,
+// byte for byte, whole or split at a maximum size with its index; resharded into the files a job
+// on another mesh writes (their pieces and sharding info checked against torch.chunk's
+// arithmetic, and consolidated back to the same bytes); each rank's share of the bytes counted;
+// and bad options and paths refused alike on every rank with nothing written.
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kshard/io/convert.hpp"
+#include "kshard_test.hpp"
+#include "safetensors_mpi_support.hpp"
+#include "shard_job.hpp"
+
+namespace {
+
+using namespace kshard_io_mpi_test;
+using kshard::test::all_ranks;
+using kshard::test::collective_error;
+
+// The plan of a job on `mesh` with `layout`, and `rules` (pattern, layout) per tensor.
+io::ShardingPlan plan(std::vector<int> mesh, const char* layout,
+                      const std::vector<std::pair<std::string, std::string>>& rules = {}) {
+  io::ShardingPlan p;
+  p.mesh = std::move(mesh);
+  p.layout = kshard::parse_layout(layout);
+  for (const auto& [pattern, text] : rules)
+    p.layout_for.emplace_back(pattern, kshard::parse_layout(text));
+  return p;
+}
+
+kshard::Mesh<1> line() { return kshard::Mesh<1>(MPI_COMM_WORLD, {kshard::test::world_size()}); }
+
+// The ranks wrote the output's data bytes once, and rank 0 its `header_bytes` too; no rank
+// wrote more than its share rounded up to whole elements of each tensor it touched (within 8
+// bytes per tensor).
+void expect_shares(std::int64_t data_bytes, std::int64_t header_bytes, std::size_t tensors) {
+  std::int64_t mine = io::io_stats().bytes_written;
+  if (kshard::test::world_rank() == 0) mine -= header_bytes;
+  std::int64_t sum = mine;
+  MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_EQ(sum, data_bytes);
+  const std::int64_t share = data_bytes / kshard::test::world_size();
+  EXPECT_TRUE(all_ranks(mine <= share + 8 * static_cast<std::int64_t>(tensors) + 8));
+}
+
+TEST(ConvertMpi, ConsolidatesAJobsShardsByteForByte) {
+  const Scratch scratch;
+  const JobCheckpoint job;
+  job.write(scratch / "model");
+  if (kshard::test::world_rank() == 0) fs::create_directories(scratch / "model" / ".hf_metadata");
+  write_file(scratch / "model" / ".hf_metadata" / "config.json", {});
+  const auto mesh = line();
+  const io::Checkpoint model(mesh, scratch / "model");
+  io::reset_io_stats();
+  const auto written = io::convert_checkpoint(mesh, model, scratch / "hf", {});
+  ASSERT_EQ(written, std::vector<fs::path>{scratch / "hf" / "model.safetensors"});
+  const auto expected = consolidated_file(job.tensors);
+  EXPECT_TRUE(all_ranks(read_file(written[0]) == expected));
+  std::int64_t data = 0;
+  for (const auto& [name, t] : job.tensors) data += static_cast<std::int64_t>(t.bytes.size());
+  expect_shares(data, static_cast<std::int64_t>(expected.size()) - data, job.tensors.size());
+  EXPECT_TRUE(all_ranks(fs::exists(scratch / "hf" / "config.json")));
+  EXPECT_FALSE(all_ranks(fs::exists(scratch / "hf.kshard-partial")));
+}
+
+TEST(ConvertMpi, SplitsAtTheMaximumSizeWithAnIndex) {
+  const Scratch scratch;
+  const JobCheckpoint job;
+  job.write(scratch / "model");
+  const auto mesh = line();
+  const io::Checkpoint model(mesh, scratch / "model");
+  io::ConvertOptions options;
+  options.max_shard_bytes = 600;  // codes | embed | experts, grid, mask, norm | proj, scale, steps
+  options.buffer_bytes = 4096;    // several buffers per tensor
+  const auto written = io::convert_checkpoint(mesh, model, scratch / "hf", options);
+  ASSERT_EQ(written.size(), 4u);
+  const auto index = nlohmann::json::parse(std::string(
+      reinterpret_cast<const char*>(read_file(scratch / "hf" / io::safetensors_index_name).data()),
+      read_file(scratch / "hf" / io::safetensors_index_name).size()));
+  std::int64_t total = 0;
+  std::map<std::string, std::vector<std::string>> by_file;
+  for (const auto& [name, t] : job.tensors) {
+    total += static_cast<std::int64_t>(t.bytes.size());
+    by_file[index["weight_map"][name].get<std::string>()].push_back(name);
+  }
+  EXPECT_EQ(index["metadata"]["total_size"].get<std::int64_t>(), total);
+  ASSERT_EQ(by_file.size(), 4u);
+  for (const auto& path : written) {
+    const std::string file = path.filename().string();
+    std::map<std::string, Tensor> part;
+    for (const auto& name : by_file[file]) part.emplace(name, job.tensors.at(name));
+    EXPECT_TRUE(all_ranks(read_file(path) == consolidated_file(part))) << file;
+  }
+  EXPECT_EQ(written[0].filename(), "model-00001-of-00004.safetensors");
+}
+
+TEST(ConvertMpi, ReshardsIntoAnotherJobsShards) {
+  const Scratch scratch;
+  const JobCheckpoint job;
+  job.write(scratch / "model");
+  const auto mesh = line();
+  const io::Checkpoint model(mesh, scratch / "model");
+  io::ConvertOptions options;
+  options.form = io::OutputForm::sharded;
+  options.sharding = {
+      {3}, kshard::parse_layout("Shard(0)"), {{"pro*", kshard::parse_layout("Shard(1)")}}};
+  const auto written = io::convert_checkpoint(mesh, model, scratch / "tp3", options);
+  ASSERT_EQ(written.size(), 3u);
+  // Rank 1 of 3: embed rows 13-25 (torch.chunk: 13, 13, 11), proj columns 4-7; no scale (0-d,
+  // first copy on rank 0); the 1-D tensors by rows too.
+  const io::SafetensorsFile second(mesh, scratch / "tp3" / shard_name(1));
+  const auto info = nlohmann::json::parse(second.header().metadata.at("DCP_SHARDING_INFO"));
+  EXPECT_EQ(info["embed"]["saved_offsets"], nlohmann::json({13, 0}));
+  EXPECT_EQ(info["proj"]["saved_offsets"], nlohmann::json({0, 4}));
+  EXPECT_EQ(info["norm"]["saved_offsets"], nlohmann::json({2}));
+  EXPECT_FALSE(info.contains("scale"));
+  EXPECT_EQ(second.header().find("embed")->shape, (Offsets{13, 8}));
+  EXPECT_EQ(second.header().find("proj")->shape, (Offsets{9, 4}));
+  // Back to one file: the same bytes.
+  const io::Checkpoint resharded(mesh, scratch / "tp3");
+  const auto hf = io::convert_checkpoint(mesh, resharded, scratch / "hf", {});
+  EXPECT_TRUE(all_ranks(read_file(hf[0]) == consolidated_file(job.tensors)));
+}
+
+TEST(ConvertMpi, RefusesAlikeAndWritesNothing) {
+  const Scratch scratch;
+  const JobCheckpoint job;
+  job.write(scratch / "model");
+  const auto mesh = line();
+  const io::Checkpoint model(mesh, scratch / "model");
+  const auto refuse = [&](const io::ConvertOptions& options, const fs::path& out,
+                          const std::string& phrase) {
+    const std::string message =
+        collective_error([&] { io::convert_checkpoint(mesh, model, out, options); });
+    EXPECT_NE(message.find(phrase), std::string::npos) << message;
+    EXPECT_TRUE(all_ranks(!fs::exists(kshard::detail::partial_folder(out))));
+  };
+  io::ConvertOptions sharded;
+  sharded.form = io::OutputForm::sharded;
+  sharded.sharding = plan({2}, "Partial(sum)");
+  refuse(sharded, scratch / "a", "the layout holds Partial(sum); per-rank shards take");
+  sharded.sharding = plan({2, 2}, "Shard(0)");
+  refuse(sharded, scratch / "b", "the layout has 1 placements for a mesh of 2 dimensions");
+  sharded.sharding = plan({2}, "StridedShard(0, sf=2)");
+  refuse(sharded, scratch / "c", "indices of dimension 0 of tensor 'codes' that are not one run");
+  io::ConvertOptions differs;
+  if (kshard::test::world_rank() == kshard::test::world_size() - 1) differs.max_shard_bytes = 7;
+  if (kshard::test::world_size() > 1) refuse(differs, scratch / "d", "the options");
+  refuse({}, scratch / "model", "exists; a conversion writes a new folder");
+  refuse({}, scratch / "no" / "such", "of the output does not exist");
+  EXPECT_TRUE(all_ranks(!fs::exists(scratch / "a") && !fs::exists(scratch / "c")));
+}
+
+}  // namespace

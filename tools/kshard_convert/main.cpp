@@ -1,0 +1,91 @@
+// kshard-convert: rewrite a checkpoint in another form under mpiexec: a training job's per-rank
+// safetensors shards consolidated into a Hugging Face model (--to hf), or any checkpoint
+// resharded into the per-rank shards a job on another mesh writes (--to sharded). Every rank
+// writes an equal share of the output straight into the final files; the folder appears
+// complete or not at all. See docs/convert-tool.md.
+//
+// Exit codes: 0 written, 2 usage or I/O error. Every rank exits with the same code.
+
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+
+#include "../common/console.hpp"
+#include "kshard/comm/agree.hpp"
+#include "kshard/error.hpp"
+#include "kshard/io/convert.hpp"
+#include "kshard/mesh.hpp"
+#include "options.hpp"
+
+namespace {
+
+using namespace kshard_convert;
+using kshard_tools::say;
+
+enum ExitCode { written = 0, usage_or_io = 2 };
+
+// Parses the command line on every rank and agrees that every rank got the same one. Returns
+// the exit code to end with now, or nothing to go on.
+std::optional<int> read_command_line(const kshard::comm::Group& world, CLI::App& app,
+                                     Options& options, int argc, char** argv) {
+  define(app, options);
+  const int parsed = parse(app, options, argc, argv, world.rank() == 0);
+  try {
+    kshard::comm::agree_on_arguments(world, command_line_texts(options, parsed));
+  } catch (const kshard::error& e) {
+    say("kshard-convert: error: {}\n", e.what());
+    return usage_or_io;
+  }
+  if (parsed == -1) return std::nullopt;
+  return parsed == 0 ? written : usage_or_io;  // 0: --help or --version
+}
+
+// The conversion; its errors (the same on every rank) become the exit code.
+int convert(const kshard::Mesh<1>& world, const Options& options) {
+  try {
+    auto settings = convert_options(options);
+    kshard_tools::Progress progress;
+    if (!options.quiet)
+      settings.progress = [&](std::uint64_t done, std::uint64_t total) {
+        progress.update(done, total);
+      };
+    const auto start = std::chrono::steady_clock::now();
+    const kshard::io::Checkpoint model(world, options.in);
+    const auto files = kshard::io::convert_checkpoint(world, model, options.out, settings);
+    std::uint64_t bytes = 0;
+    for (const auto& name : model.tensor_names()) bytes += model.tensor(name).bytes();
+    say("kshard-convert: wrote {} file{} to {}: {}\n", files.size(), files.size() == 1 ? "" : "s",
+        options.out,
+        kshard_tools::throughput(static_cast<std::int64_t>(bytes),
+                                 kshard_tools::seconds_since(start)));
+    return written;
+  } catch (const kshard::error& e) {
+    say("kshard-convert: error: {}\n", e.what());
+    return usage_or_io;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int code = written;
+  {
+    int size = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    const kshard::Mesh<1> world(MPI_COMM_WORLD, {size});
+    CLI::App app("kshard-convert: consolidate or reshard a safetensors checkpoint",
+                 "kshard-convert");
+    Options options;
+    if (const auto done = read_command_line(world.group(), app, options, argc, argv))
+      code = *done;
+    else
+      code = convert(world, options);
+  }
+  MPI_Finalize();
+  return code;
+}
