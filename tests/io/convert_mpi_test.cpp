@@ -8,12 +8,15 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "kshard/distribute.hpp"
 #include "kshard/io/convert.hpp"
 #include "kshard_test.hpp"
 #include "safetensors_mpi_support.hpp"
@@ -56,11 +59,16 @@ TEST(ConvertMpi, ConsolidatesAJobsShardsByteForByte) {
   const JobCheckpoint job;
   job.write(scratch / "model");
   if (kshard::test::world_rank() == 0) fs::create_directories(scratch / "model" / ".hf_metadata");
-  write_file(scratch / "model" / ".hf_metadata" / "config.json", {});
+  const std::string config = R"({"pad_token_id": 3})";
+  write_file(
+      scratch / "model" / ".hf_metadata" / "config.json",
+      std::vector<std::byte>(reinterpret_cast<const std::byte*>(config.data()),
+                             reinterpret_cast<const std::byte*>(config.data()) + config.size()));
   const auto mesh = line();
   const io::Checkpoint model(mesh, scratch / "model");
+  EXPECT_EQ(model.config().pad_token_id, 3);  // a job keeps its config in .hf_metadata/
   io::reset_io_stats();
-  const auto written = io::convert_checkpoint(mesh, model, scratch / "hf", {});
+  const auto written = io::convert_checkpoint(mesh, model, scratch / "hf/", {});
   ASSERT_EQ(written, std::vector<fs::path>{scratch / "hf" / "model.safetensors"});
   const auto expected = consolidated_file(job.tensors);
   EXPECT_TRUE(all_ranks(read_file(written[0]) == expected));
@@ -128,6 +136,51 @@ TEST(ConvertMpi, ReshardsIntoAnotherJobsShards) {
   const io::Checkpoint resharded(mesh, scratch / "tp3");
   const auto hf = io::convert_checkpoint(mesh, resharded, scratch / "hf", {});
   EXPECT_TRUE(all_ranks(read_file(hf[0]) == consolidated_file(job.tensors)));
+}
+
+// The job's checkpoint with rows `ids` of "embed" negated: the host matrix and the tensors.
+struct Patched {
+  kshard::HostMatrix<float> embed;
+  std::map<std::string, Tensor> tensors;
+};
+Patched patched(const JobCheckpoint& job, const std::vector<index_t>& ids) {
+  Patched p{kshard::HostMatrix<float>("embed", 37, 8), job.tensors};
+  std::memcpy(p.embed.data(), job.tensors.at("embed").bytes.data(), 37 * 8 * sizeof(float));
+  for (const index_t id : ids)
+    for (std::size_t c = 0; c < 8; ++c) p.embed(id, c) = -p.embed(id, c) - 1.0f;
+  std::memcpy(p.tensors.at("embed").bytes.data(), p.embed.data(), 37 * 8 * sizeof(float));
+  return p;
+}
+
+TEST(ConvertMpi, WritesPatchedRowsInEveryForm) {
+  const Scratch scratch;
+  const JobCheckpoint job;
+  job.write(scratch / "model");
+  const auto mesh = line();
+  const io::Checkpoint model(mesh, scratch / "model");
+  const std::vector<index_t> ids{0, 9, 10, 36};
+  const Patched expected = patched(job, ids);
+  const auto repaired = kshard::distribute<ExecSpace, MemSpace>(
+      mesh, kshard::Layout<kshard::Shard<1>>{}, kshard::HostMatrix<const float>(expected.embed));
+  const auto patch = io::patch_rows("embed", repaired, {36, 0, 10, 9, 10});
+  EXPECT_EQ(patch.ids, ids);
+  io::ConvertOptions same;
+  same.form = io::OutputForm::as_stored;
+  const auto files = io::convert_checkpoint(mesh, model, scratch / "same", same, {patch});
+  JobCheckpoint repaired_job;
+  repaired_job.tensors = expected.tensors;
+  const auto shards = repaired_job.files();
+  ASSERT_EQ(files.size(), 4u);
+  for (int r = 0; r < 4; ++r)
+    EXPECT_TRUE(all_ranks(read_file(files[r]) == shard_file(shards[r]))) << files[r];
+  const auto hf = io::convert_checkpoint(mesh, model, scratch / "hf", {}, {patch});
+  EXPECT_TRUE(all_ranks(read_file(hf[0]) == consolidated_file(expected.tensors)));
+  const auto wrong = collective_error([&] {
+    io::convert_checkpoint(mesh, model, scratch / "x", {}, {io::patch_rows("proj", repaired, {1})});
+  });
+  EXPECT_NE(wrong.find("tensor 'proj' is F32 [9, 10], but its patch is of a 37 x 8 F32 matrix"),
+            std::string::npos)
+      << wrong;
 }
 
 TEST(ConvertMpi, RefusesAlikeAndWritesNothing) {

@@ -24,6 +24,7 @@
 #include "kshard/io/checkpoint_folder.hpp"
 #include "kshard/io/convert.hpp"
 #include "kshard/io/read_checkpoint.hpp"
+#include "kshard/io/row_patch.hpp"
 #include "kshard/io/safetensors.hpp"
 #include "kshard_test.hpp"
 #include "safetensors_mpi_support.hpp"
@@ -275,6 +276,20 @@ std::vector<Case> convert_cases(const Files& files) {
                      [=](bool here) { convert(model, out, here ? 7 : 1000); }, {unchanged})};
 }
 
+// The rows of a patch: the matrix changed by the generator, the tensor name, the rows.
+std::vector<Case> patch_rows_cases(const Files&) {
+  auto cases = matrix_cases<float, double>(
+      weight_argument(), [](const auto& m) { (void)io::patch_rows("weight", m, {1}); }, {});
+  const auto m = Distribute{}(Type<float>{}, meshes().usual, Layout(Replicate{}, Shard<0>{}), 6, 4);
+  cases.push_back(value_case(
+      "name", "the tensor name differs",
+      [m](bool here) { (void)io::patch_rows(here ? "twin" : "weight", m, {1}); }, {watch_copy(m)}));
+  cases.push_back(value_case("rows", "the rows of 'weight' to patch differs",
+                             [m](bool here) { (void)io::patch_rows("weight", m, {here ? 2 : 1}); },
+                             {watch_copy(m)}));
+  return cases;
+}
+
 // A tensor read from a checkpoint opened on another path on one rank.
 std::vector<Case> read_checkpoint_cases(const Files& files) {
   const io::Checkpoint model(meshes().usual, files.checkpoint);
@@ -301,7 +316,8 @@ std::vector<EntryPoint> entry_points(const Files& files) {
           {"io::write_checkpoint", Kind::agreed, with(write_checkpoint_cases)},
           {"io::undo_checkpoint", Kind::agreed, with(undo_checkpoint_cases)},
           {"io::tensor_hashes", Kind::agreed, with(tensor_hashes_cases)},
-          {"io::convert_checkpoint", Kind::agreed, with(convert_cases)}};
+          {"io::convert_checkpoint", Kind::agreed, with(convert_cases)},
+          {"io::patch_rows", Kind::agreed, with(patch_rows_cases)}};
 }
 
 TEST(IoEntryPoints, TableCoversTheHeaders) {

@@ -4,8 +4,8 @@
 #
 #     run.sh NP KSHARD_REPAIR
 #
-# Every case checks the exit code of EVERY rank (a wrapper records each rank's) and, where the
-# tool must not write, that nothing was written:
+# Every case checks the exit code of EVERY rank (harness.sh's wrapper records each rank's) and,
+# where the tool must not write, that nothing was written:
 #   - a non-UTF-8 model name or --embed with --report: the report is written (valid JSON);
 #   - a symbolic link loop in a checkpoint folder with --out: exit 2, no crash, no output
 #     folder left;
@@ -22,8 +22,7 @@
 #     x every spelling that makes it an input (same text, sub/.., symbolic and hard link): exit
 #     2, rank 0 names the path, no file changed.
 #
-# Environment: KSHARD_TOOL_MPIEXEC (default mpiexec), KSHARD_TOOL_TIMEOUT (seconds per launch,
-# default 120: a launch that takes longer is a hang).
+# Environment: KSHARD_TOOL_MPIEXEC (default mpiexec), KSHARD_TOOL_TIMEOUT (harness.sh).
 
 set -uo pipefail
 
@@ -31,69 +30,13 @@ if [ $# -ne 2 ]; then
   echo "usage: $0 NP KSHARD_REPAIR" >&2
   exit 2
 fi
-np=$1
-tool=$(realpath "$2")
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-mpiexec=${KSHARD_TOOL_MPIEXEC:-mpiexec}
-scratch=$(mktemp -d /tmp/kshard-tool.XXXXXX)
-trap 'rm -rf "$scratch"' EXIT
+# shellcheck source-path=SCRIPTDIR source=harness.sh
+source "$here/harness.sh"
+harness_begin "$1" "$2" kshard-tool
 cases=$scratch/cases
 python3 "$here/make_cases.py" "$cases" || { echo "make_cases.py failed" >&2; exit 1; }
 cd "$scratch" || exit 1
-failures=0
-
-# Runs one rank and records its exit code; the rank as Open MPI or MPICH (Hydra) name it.
-wrap=$scratch/wrap.sh
-cat >"$wrap" <<'WRAP'
-rank=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${PMIX_RANK:-0}}}
-dir=$1
-shift
-"$@" >"$dir/out.$rank" 2>&1
-echo $? >"$dir/rc.$rank"
-WRAP
-
-fail() {
-  echo "FAIL [np$np] $*"
-  failures=$((failures + 1))
-}
-
-# launch NAME RANKS MPIEXEC-ARGUMENTS...: "@TOOL" in the arguments runs the tool under the
-# wrapper; RANKS: how many ranks the launch makes. Leaves the per-rank results in $dir.
-launch() {
-  local name=$1 ranks=$2 args=() a
-  shift 2
-  dir=$scratch/run.$name
-  rm -rf "$dir" && mkdir -p "$dir"
-  for a in "$@"; do
-    if [ "$a" = @TOOL ]; then args+=(bash "$wrap" "$dir" "$tool"); else args+=("$a"); fi
-  done
-  timeout "${KSHARD_TOOL_TIMEOUT:-120}" "$mpiexec" "${args[@]}" >"$dir/mpiexec.log" 2>&1
-  launched=$?
-  launched_ranks=$ranks
-}
-
-# codes_are NAME CODE: every rank of the last launch exited with CODE.
-codes_are() {
-  local name=$1 want=$2 r got
-  [ "$launched" -eq 124 ] && fail "$name: timed out (a hang)"
-  for ((r = 0; r < launched_ranks; r++)); do
-    got=$(cat "$dir/rc.$r" 2>/dev/null || echo none)
-    if [ "$got" != "$want" ]; then
-      fail "$name: rank $r exited with $got, expected $want"
-      sed 's/^/    /' "$dir/out.$r" 2>/dev/null | head -5
-      return
-    fi
-  done
-  echo "ok   [np$np] $name: exit $want on $launched_ranks rank(s)"
-}
-
-# expect NAME CODE TOOL-ARGUMENTS...: the tool at NP ranks exits with CODE on every rank.
-expect() {
-  local name=$1 want=$2
-  shift 2
-  launch "$name" "$np" -n "$np" @TOOL "$@"
-  codes_are "$name" "$want"
-}
 
 good=$cases/good.safetensors
 
@@ -186,7 +129,6 @@ codes_are parse_differs 2
 # spelling makes that path name the input: the same text, a path through sub/.., a symbolic
 # link and a hard link at it. Every rank must exit 2, rank 0 name the path, and no regular file
 # of the case's folder change (sha256 of each, before and after).
-snapshot() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum); }
 generated=0
 skipped=0
 # clash_case NAME DIR MADE TOOL-ARGUMENTS...
@@ -258,8 +200,4 @@ done
 [ "$generated" -eq 32 ] || fail "generated $generated clash cases (skipped $skipped), expected 32"
 echo "ok   [np$np] $generated generated clash cases ($skipped not spellable: the undo paths derive from MODEL)"
 
-if [ "$failures" -ne 0 ]; then
-  echo "$failures failure(s) at np$np"
-  exit 1
-fi
-echo "all kshard-repair tool cases passed at np$np"
+harness_end kshard-repair

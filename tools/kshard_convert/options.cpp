@@ -90,7 +90,7 @@ std::uint64_t parse_size(const std::string& text, const std::string& option) {
     return count * scale;
   }
   throw kshard::error(
-      fmt::format("kshard-convert: {} '{}' is not a size such as 5GB, 500MiB or "
+      fmt::format("{} '{}' is not a size such as 5GB, 500MiB or "
                   "4096 (bytes)",
                   option, text));
 }
@@ -109,8 +109,7 @@ kshard::io::ConvertOptions convert_options(const Options& o) {
   for (const std::string& rule : o.layout_for) {
     const auto equals = rule.find('=');  // a layout holds '=' too: sf=2
     if (equals == std::string::npos || equals == 0)
-      throw kshard::error(
-          fmt::format("kshard-convert: --layout-for '{}' is not PATTERN=LAYOUT", rule));
+      throw kshard::error(fmt::format("--layout-for '{}' is not PATTERN=LAYOUT", rule));
     options.sharding.layout_for.emplace_back(rule.substr(0, equals),
                                              kshard::parse_layout(rule.substr(equals + 1)));
   }

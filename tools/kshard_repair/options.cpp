@@ -11,6 +11,11 @@ void define(CLI::App& app, Options& o) {
   auto* out = app.add_option("--out", o.out,
                              "write the repaired checkpoint here (a file for a file, a folder "
                              "for a folder)");
+  app.add_option("--to", o.to,
+                 "with --out: hf writes a consolidated Hugging Face model (default: the input's "
+                 "form, per-rank shards stay per-rank shards)")
+      ->check(CLI::IsMember({"hf"}))
+      ->needs(out);
   auto* in_place = app.add_flag("--in-place", o.in_place,
                                 "write the repaired rows into MODEL (an undo file is kept)");
   auto* dry_run = app.add_flag("--dry-run", o.dry_run, "only report what would be repaired");
@@ -59,6 +64,7 @@ std::vector<kshard::comm::NamedText> command_line_texts(const Options& o, int pa
   const std::vector<kshard::comm::NamedText> options{
       {"MODEL", o.model},
       {"--out", o.out},
+      {"--to", o.to},
       {"--in-place", flag(o.in_place)},
       {"--dry-run", flag(o.dry_run)},
       {"--undo", flag(o.undo)},

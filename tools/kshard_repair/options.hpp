@@ -17,6 +17,7 @@ namespace kshard_repair {
 struct Options {
   std::string model;
   std::string out;
+  std::string to;  // "hf": --out consolidates; "" keeps the input's form
   bool in_place = false;
   bool dry_run = false;
   bool undo = false;

@@ -20,6 +20,9 @@
 
 #include "kshard/io/checkpoint.hpp"
 #include "kshard/io/checkpoint_folder.hpp"
+#include "kshard/io/convert.hpp"
+#include "kshard/io/read_checkpoint.hpp"
+#include "kshard/io/row_patch.hpp"
 #include "kshard/kshard.hpp"
 #include "paths.hpp"
 #include "report.hpp"
@@ -108,22 +111,32 @@ kshard::RepairReport repair(const M& input, const std::optional<M>& output,
   }
 }
 
-// Writes the repaired rows: a new checkpoint or in place. Returns the files written.
+// Writes the repaired rows: in place, or a new checkpoint: per-rank shards and --to hf through a
+// conversion carrying the rows (every rank writes its share), a Hugging Face checkpoint as it is
+// stored with the rows replaced. Returns the files written.
 template <std::size_t N, class M>
 std::vector<std::string> write_result(const Options& options, const io::Checkpoint& model,
                                       const kshard::Mesh<N>& mesh, const std::string& embed,
                                       const M& matrix, const std::vector<index_t>& ids) {
-  const std::vector<io::TensorUpdate> update{io::replace_rows(embed, matrix, ids)};
   if (options.in_place) {
     const io::SafetensorsFile& file = model.file_of(embed);
-    io::write_rows_in_place(mesh, file, update, io::undo_path_of(file.path()));
+    io::write_rows_in_place(mesh, file, {io::replace_rows(embed, matrix, ids)},
+                            io::undo_path_of(file.path()));
     say("wrote {} row(s) in place into '{}'; undo with: kshard-repair {} --undo\n", ids.size(),
         file.path().string(), options.model);
     return {file.path().string()};
   }
+  std::vector<std::filesystem::path> paths;
+  if (model.form() == io::CheckpointForm::per_rank_shards || options.to == "hf") {
+    io::ConvertOptions convert;
+    convert.form = options.to == "hf" ? io::OutputForm::hf : io::OutputForm::as_stored;
+    paths = io::convert_checkpoint(mesh, model, options.out, convert,
+                                   {io::patch_rows(embed, matrix, ids)});
+  } else {
+    paths = io::write_checkpoint(mesh, model, options.out, {io::replace_rows(embed, matrix, ids)});
+  }
   std::vector<std::string> written;
-  for (const auto& path : io::write_checkpoint(mesh, model, options.out, update))
-    written.push_back(path.string());
+  for (const auto& path : paths) written.push_back(path.string());
   return written;
 }
 
@@ -174,9 +187,9 @@ int run_repair(const Options& options, const io::Checkpoint& model, const kshard
                const std::optional<std::string>& lm_head) {
   const auto start = std::chrono::steady_clock::now();
   io::reset_io_stats();
-  const auto input = io::read_matrix<T>(model.file_of(embed), embed, mesh, layout);
+  const auto input = io::read_matrix<T>(model, embed, mesh, layout);
   std::optional<std::remove_cv_t<decltype(input)>> output;
-  if (lm_head) output.emplace(io::read_matrix<T>(model.file_of(*lm_head), *lm_head, mesh, layout));
+  if (lm_head) output.emplace(io::read_matrix<T>(model, *lm_head, mesh, layout));
   say("read {} on {} rank(s): {}\n", lm_head ? "both embeddings" : "the embedding", mesh.size(),
       throughput(total_bytes(mesh.group(), io::io_stats().bytes_read), seconds_since(start)));
   nlohmann::json json;
@@ -209,13 +222,13 @@ int run_repair(const Options& options, const io::Checkpoint& model, const kshard
 // matrix (rows x hidden), and an LM head of the embedding's dtype.
 void check_repairable(const io::Checkpoint& model, const std::string& embed,
                       const std::optional<std::string>& lm_head) {
-  const auto& input = *model.file_of(embed).header().find(embed);
+  const io::StoredTensor& input = model.tensor(embed);
   if (input.shape.size() != 2)
     throw Failure{refused, fmt::format("'{}' has {} dimension(s) {}; kshard-repair repairs 2-D "
                                        "embeddings (rows x hidden)",
                                        embed, input.shape.size(), io::shape_text(input.shape))};
   if (!lm_head) return;
-  const auto& output = *model.file_of(*lm_head).header().find(*lm_head);
+  const io::StoredTensor& output = model.tensor(*lm_head);
   if (output.shape.size() != 2)
     throw Failure{refused,
                   fmt::format("LM head '{}' has {} dimension(s) {}; kshard-repair needs "
@@ -233,7 +246,7 @@ template <std::size_t N>
 int dispatch(const Options& options, const io::Checkpoint& model, const kshard::Mesh<N>& mesh,
              const std::vector<kshard::PlacementSpec>& layout, const std::string& embed,
              const std::optional<std::string>& lm_head) {
-  const io::Dtype dtype = model.file_of(embed).header().find(embed)->dtype;
+  const io::Dtype dtype = model.tensor(embed).dtype;
   using Set = kshard::placement_set<kshard::Replicate, kshard::Shard<0>, kshard::Shard<1>,
                                     kshard::StridedShard<0>>;
   return kshard::dispatch_layout<N, Set>(layout, [&](const auto& l) {
@@ -262,6 +275,13 @@ int undo(const io::Checkpoint& model, const kshard::Mesh<N>& mesh) {
   return repaired_or_clean;
 }
 
+// Where `tensor` is: its file, or the per-rank shards that hold its pieces.
+std::string where_stored(const io::Checkpoint& model, const io::StoredTensor& tensor) {
+  if (tensor.pieces.size() == 1)
+    return fmt::format("'{}'", model.files()[tensor.pieces[0].file].path().string());
+  return fmt::format("{} per-rank shards of '{}'", tensor.pieces.size(), model.path().string());
+}
+
 std::string layout_text(const std::vector<kshard::PlacementSpec>& layout) {
   std::vector<std::string> parts;
   for (const auto& spec : layout) parts.push_back(kshard::to_string(spec));
@@ -276,6 +296,12 @@ int run_on(const Options& options, const kshard::Mesh<N>& mesh,
   // Before any work: a report that cannot be written is an error.
   if (!options.report.empty()) write_report(mesh.group(), options.report, {{"status", "running"}});
   if (options.undo) return undo(model, mesh);
+  if (options.in_place && model.form() == io::CheckpointForm::per_rank_shards)
+    throw Failure{usage_or_io,
+                  fmt::format("--in-place writes into a file holding whole tensors; '{}' holds "
+                              "per-rank shards: write a repaired copy with --out (per-rank "
+                              "shards again) or --out DIR --to hf (one Hugging Face model)",
+                              options.model)};
   const auto embed = pick(model, options.embed, embed_names, "input embedding");
   if (!embed)
     throw Failure{refused, fmt::format("found no input embedding in '{}' (looked for {}); name "
@@ -288,10 +314,9 @@ int run_on(const Options& options, const kshard::Mesh<N>& mesh,
     throw Failure{refused,
                   "--strategy output needs an LM head; the checkpoint has none (or ties "
                   "it to the input embedding): use --strategy mean"};
-  const auto& entry = *model.file_of(*embed).header().find(*embed);
-  say("kshard-repair: {} {} {} in '{}'; {} on a {} mesh, layout {}\n", *embed,
-      io::to_string(entry.dtype), io::shape_text(entry.shape),
-      model.file_of(*embed).path().string(),
+  const io::StoredTensor& entry = model.tensor(*embed);
+  say("kshard-repair: {} {} {} in {}; {} on a {} mesh, layout {}\n", *embed,
+      io::to_string(entry.dtype), io::shape_text(entry.shape), where_stored(model, entry),
       lm_head ? fmt::format("directions from {}", *lm_head)
               : std::string("directions from the mean healthy row"),
       fmt::join(mesh.shape(), "x"), layout_text(layout));

@@ -92,19 +92,21 @@ class Checkpoint {
     folder_ = is_folder != 0;
     // A single file's config.json is the one beside it, as in a checkpoint folder.
     const auto folder = folder_ ? path_ : path_.parent_path();
-    if (auto text = detail::read_small_file(group, folder / "config.json"))
-      config_ = parse_config(*text, folder / "config.json");
+    const bool configured = read_config(group, folder / "config.json");
     if (!folder_) {
       open_single(mesh, path_);
       return;
     }
     const auto index_path = path_ / safetensors_index_name;
-    if (const auto index = detail::read_small_file(group, index_path))
+    if (const auto index = detail::read_small_file(group, index_path)) {
       open_indexed(mesh, detail::parse_weight_map(*index, index_path), index_path);
-    else if (rank0_sees_file(group, path_ / safetensors_single_name))
+    } else if (rank0_sees_file(group, path_ / safetensors_single_name)) {
       open_single(mesh, path_ / safetensors_single_name);
-    else
+    } else {
       open_shards(mesh, detail::list_safetensors(group, path_));
+      // A training job keeps the config beside its shards in .hf_metadata/ (NeMo AutoModel).
+      if (!configured) read_config(group, path_ / ".hf_metadata" / "config.json");
+    }
   }
 
   /// The path it was opened from.
@@ -159,6 +161,13 @@ class Checkpoint {
     if (pad && *pad < 0) pad.reset();  // Hugging Face configs write -1 for "no padding token"
     return {detail::config_field<bool>(config, "tie_word_embeddings", path), pad,
             detail::config_field<index_t>(config, "vocab_size", path)};
+  }
+
+  // Reads config.json at `path` when it exists; says whether it did.
+  bool read_config(const comm::Group& group, const std::filesystem::path& path) {
+    const auto text = detail::read_small_file(group, path);
+    if (text) config_ = parse_config(*text, path);
+    return text.has_value();
   }
 
   // True when rank 0 sees a file at `path` (the same answer on every rank).

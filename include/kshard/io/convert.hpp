@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "kshard/comm/agreement.hpp"
+#include "kshard/detail/digest.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/io/checkpoint.hpp"
 #include "kshard/io/convert_options.hpp"
@@ -47,6 +48,7 @@
 #include "kshard/io/detail/convert_folder.hpp"
 #include "kshard/io/detail/convert_plan.hpp"
 #include "kshard/io/detail/convert_run.hpp"
+#include "kshard/io/row_patch.hpp"
 #include "kshard/mesh.hpp"
 
 namespace kshard::detail {
@@ -56,14 +58,63 @@ inline std::vector<OutputFile> plan_conversion(const io::Checkpoint& model,
                                                const io::ConvertOptions& options) {
   std::vector<const io::StoredTensor*> tensors;
   for (const auto& name : model.tensor_names()) tensors.push_back(&model.tensor(name));
-  return options.form == io::OutputForm::hf ? plan_hf(tensors, options.max_shard_bytes)
-                                            : plan_shards(tensors, options.sharding);
+  switch (options.form) {
+    case io::OutputForm::hf:
+      return plan_hf(tensors, options.max_shard_bytes);
+    case io::OutputForm::sharded:
+      return plan_shards(tensors, options.sharding);
+    case io::OutputForm::as_stored:
+      break;
+  }
+  return plan_as_stored(model);
 }
 
-// Every rank writes its share of `files` (in `partial`) from `model`'s files, then fsyncs.
+// The patch of tensor `name`, or nullptr.
+inline const io::RowPatch* patch_of(const std::vector<io::RowPatch>& patches,
+                                    const std::string& name) {
+  for (const io::RowPatch& patch : patches)
+    if (patch.name == name) return &patch;
+  return nullptr;
+}
+
+// Why `patch` cannot be written over `model`'s tensor of its name (the same on every rank).
+inline std::optional<std::string> patch_problem(const io::Checkpoint& model,
+                                                const io::RowPatch& patch) {
+  if (!model.contains(patch.name))
+    return fmt::format("kshard::io: the checkpoint '{}' has no tensor {} to patch",
+                       model.path().string(), in_quotes(patch.name));
+  const io::StoredTensor& tensor = model.tensor(patch.name);
+  if (tensor.dtype != patch.dtype ||
+      tensor.shape != std::vector<std::int64_t>{patch.rows, patch.cols})
+    return fmt::format("kshard::io: tensor {} is {} {}, but its patch is of a {} x {} {} matrix",
+                       in_quotes(patch.name), io::to_string(tensor.dtype),
+                       io::shape_text(tensor.shape), patch.rows, patch.cols,
+                       io::to_string(patch.dtype));
+  return std::nullopt;
+}
+
+// Adds `patches` to an agreement: the same tensors and rows on every rank, each fit for `model`.
+inline void agree_on_patches(Agreement& agreement, const io::Checkpoint& model,
+                             const std::vector<io::RowPatch>& patches) {
+  agreement.same("the number of row patches", static_cast<std::int64_t>(patches.size()));
+  for (const io::RowPatch& patch : patches) {
+    same_text(agreement, "the tensor of a row patch", patch.name);
+    Digest rows;
+    for (const index_t id : patch.ids) rows.add(id);
+    rows.add(
+        std::string_view(reinterpret_cast<const char*>(patch.bytes.data()), patch.bytes.size()));
+    agreement.same(fmt::format("the rows of {} to patch", in_quotes(patch.name)), rows.value(),
+                   [](std::int64_t) { return std::string(); });
+    agreement.problem(patch_problem(model, patch));
+  }
+}
+
+// Every rank writes its share of `files` (in `partial`) from `model`'s files and `patches`, then
+// fsyncs.
 inline void write_shares(const comm::Group& group, const io::Checkpoint& model,
                          const std::filesystem::path& partial, const std::vector<OutputFile>& files,
-                         const io::ConvertOptions& options) {
+                         const io::ConvertOptions& options,
+                         const std::vector<io::RowPatch>& patches) {
   std::vector<std::filesystem::path> sources, outputs;
   for (const auto& file : model.files()) sources.push_back(file.path());
   std::uint64_t total = 0;
@@ -79,8 +130,10 @@ inline void write_shares(const comm::Group& group, const io::Checkpoint& model,
       options.progress(std::min(total, done * static_cast<std::uint64_t>(group.size())), total);
   };
   for (const Stretch& stretch : stretches_of(files, group.rank(), group.size()))
-    mover.write(stretch, files[stretch.file], report);
+    mover.write(stretch, files[stretch.file], patch_of(patches, stretch.tensor->tensor->name),
+                report);
   mover.sync();
+  if (group.rank() == 0 && options.progress) options.progress(total, total);  // its share written
 }
 
 // Rank 0: the side files, the index, and the folder in place, durably.
@@ -115,8 +168,10 @@ namespace kshard::io {
 /// `out` or temporary folder that exists, a missing parent folder, and any failed read or write.
 template <std::size_t N>
 std::vector<std::filesystem::path> convert_checkpoint(const Mesh<N>& mesh, const Checkpoint& model,
-                                                      const std::filesystem::path& out,
-                                                      const ConvertOptions& options) {
+                                                      const std::filesystem::path& out_given,
+                                                      const ConvertOptions& options,
+                                                      const std::vector<RowPatch>& patches = {}) {
+  const std::filesystem::path out = detail::folder_path(out_given);
   const detail::Operation operation("io::convert_checkpoint");
   const comm::Group& group = mesh.group();
   detail::Agreement agreement(group);
@@ -124,6 +179,8 @@ std::vector<std::filesystem::path> convert_checkpoint(const Mesh<N>& mesh, const
   detail::same_text(agreement, "the checkpoint path", model.path().string());
   detail::same_text(agreement, "the options", detail::options_text(options));
   agreement.problem(detail::options_problem(options));
+  detail::agree_on_patches(agreement, model, patches);
+  detail::agree_on_patches(agreement, model, patches);
   if (mesh.my_rank() == 0) agreement.problem(detail::output_folder_problem(out));
   agreement.settle();
   std::vector<detail::OutputFile> files;
@@ -134,8 +191,9 @@ std::vector<std::filesystem::path> convert_checkpoint(const Mesh<N>& mesh, const
     detail::agree(group, detail::attempt([&] {
                     if (mesh.my_rank() == 0) detail::create_outputs(partial, files, created);
                   }));
-    detail::agree(group, detail::attempt(
-                             [&] { detail::write_shares(group, model, partial, files, options); }));
+    detail::agree(group, detail::attempt([&] {
+                    detail::write_shares(group, model, partial, files, options, patches);
+                  }));
     detail::agree(group, detail::attempt([&] {
                     if (mesh.my_rank() == 0)
                       detail::publish_folder(model, partial, out, files, options);

@@ -16,8 +16,9 @@ namespace kshard::io {
 
 /// The form a conversion writes.
 enum class OutputForm : std::uint8_t {
-  hf,      ///< consolidated Hugging Face: whole tensors, `model.safetensors` or split files + index
-  sharded  ///< per-rank shards, as a job on `ShardingPlan::mesh` writes them
+  hf,  ///< consolidated Hugging Face: whole tensors, `model.safetensors` or split files + index
+  sharded,   ///< per-rank shards, as a job on `ShardingPlan::mesh` writes them
+  as_stored  ///< the input's own files and pieces (a copy; with row patches, a repaired copy)
 };
 
 /// How per-rank shards split the tensors: the mesh of the job that would have written them, its

@@ -32,6 +32,19 @@ namespace kshard::detail {
 // The folder per-rank shards keep the files beside the weights in (NeMo AutoModel's name).
 inline constexpr std::string_view hf_metadata_folder = ".hf_metadata";
 
+// The form as the command line spells it.
+inline std::string_view form_name(io::OutputForm form) {
+  switch (form) {
+    case io::OutputForm::hf:
+      return "hf";
+    case io::OutputForm::sharded:
+      return "sharded";
+    case io::OutputForm::as_stored:
+      break;
+  }
+  return "as stored";
+}
+
 // The options as one text (the agreement compares it; messages quote it).
 inline std::string options_text(const io::ConvertOptions& o) {
   const auto layout = [](const std::vector<PlacementSpec>& specs) {
@@ -39,9 +52,8 @@ inline std::string options_text(const io::ConvertOptions& o) {
     for (const PlacementSpec& s : specs) parts.push_back(to_string(s));
     return fmt::format("({})", fmt::join(parts, ", "));
   };
-  std::string text = fmt::format("form {}, max shard {} bytes, buffer {} bytes",
-                                 o.form == io::OutputForm::hf ? "hf" : "sharded", o.max_shard_bytes,
-                                 o.buffer_bytes);
+  std::string text = fmt::format("form {}, max shard {} bytes, buffer {} bytes", form_name(o.form),
+                                 o.max_shard_bytes, o.buffer_bytes);
   if (o.form == io::OutputForm::sharded) {
     text += fmt::format(", mesh ({}), layout {}", fmt::join(o.sharding.mesh, ", "),
                         layout(o.sharding.layout));
@@ -89,6 +101,13 @@ inline std::optional<std::string> options_problem(const io::ConvertOptions& o) {
     if (auto problem = layout_problem(layout, mesh.size(), "the layout for " + in_quotes(pattern)))
       return problem;
   return std::nullopt;
+}
+
+// `out` without trailing separators ("out/" names the folder "out").
+inline std::filesystem::path folder_path(const std::filesystem::path& out) {
+  std::string text = out.string();
+  while (text.size() > 1 && text.back() == '/') text.pop_back();
+  return text;
 }
 
 // Where the output folder is made until it is complete (beside it: the rename is atomic).
@@ -159,28 +178,35 @@ void copy_entries(const std::filesystem::path& from, const std::filesystem::path
     throw error(fmt::format("kshard::io: cannot list '{}': {}", from.string(), failed.message()));
 }
 
+// True for a weights file: never copied beside the weights a conversion writes (a stale file
+// the checkpoint does not use would take an output's name, or confuse a reader of the folder).
+inline bool weights_name(const std::string& name) { return name.ends_with(".safetensors"); }
+
 // Rank 0: copies what the converted checkpoint keeps beside its weights into `partial`. From
-// per-rank shards: `.hf_metadata/` (its files into a consolidated output, but the tensor maps of
-// the job; the folder itself into per-rank output). From a Hugging Face folder: its entries but
-// the weights, the index and kshard's files (into `.hf_metadata/` of per-rank output).
+// per-rank shards: `.hf_metadata/` (the folder into per-rank output; its files but the job's
+// tensor maps into a consolidated one). From a Hugging Face folder: its entries but the weights,
+// kshard's files and the index (kept for a copy as stored, whose files it names), into
+// `.hf_metadata/` of per-rank output.
 inline void copy_side_files(const io::Checkpoint& model, const std::filesystem::path& partial,
                             io::OutputForm form) {
   std::error_code ec;
-  const bool sharded_out = form == io::OutputForm::sharded;
-  if (model.form() == io::CheckpointForm::per_rank_shards) {
+  const bool from_shards = model.form() == io::CheckpointForm::per_rank_shards;
+  const bool per_rank_out =
+      form == io::OutputForm::sharded || (form == io::OutputForm::as_stored && from_shards);
+  const auto into = per_rank_out ? partial / hf_metadata_folder : partial;
+  if (from_shards) {
     const auto metadata = model.path() / hf_metadata_folder;
     if (!std::filesystem::is_directory(metadata, ec)) return;
-    copy_entries(metadata, sharded_out ? partial / hf_metadata_folder : partial,
-                 [&](const std::string& name) {
-                   return !sharded_out && (name == "fqn_to_file_index_mapping.json" ||
-                                           name == "fqn_to_dtype_mapping.json");
-                 });
+    copy_entries(metadata, into, [&](const std::string& name) {
+      return weights_name(name) || (!per_rank_out && (name == "fqn_to_file_index_mapping.json" ||
+                                                      name == "fqn_to_dtype_mapping.json"));
+    });
   } else if (model.is_folder()) {
-    copy_entries(model.path(), sharded_out ? partial / hf_metadata_folder : partial,
-                 [&](const std::string& name) {
-                   return left_out_of_copy(model, name) || name == io::safetensors_index_name ||
-                          std::filesystem::equivalent(model.path() / name, partial, ec);
-                 });
+    copy_entries(model.path(), into, [&](const std::string& name) {
+      return weights_name(name) || left_out_of_copy(model, name) ||
+             (name == io::safetensors_index_name && form != io::OutputForm::as_stored) ||
+             std::filesystem::equivalent(model.path() / name, partial, ec);
+    });
   }
 }
 

@@ -21,6 +21,7 @@
 
 #include "kshard/axis_split.hpp"
 #include "kshard/error.hpp"
+#include "kshard/io/checkpoint.hpp"
 #include "kshard/io/convert_options.hpp"
 #include "kshard/io/detail/sharding_info.hpp"
 #include "kshard/io/safetensors_header.hpp"
@@ -167,6 +168,25 @@ inline std::vector<OutputFile> plan_shards(const std::vector<const io::StoredTen
     auto metadata = shard_metadata(held);
     files.push_back(output_file(fmt::format("shard-{:05}-model-00001-of-00001.safetensors", r + 1),
                                 std::move(held), std::move(metadata)));
+  }
+  return files;
+}
+
+// The checkpoint's own files: each file's tensors (in its header's order) as the pieces it
+// holds, its metadata kept.
+inline std::vector<OutputFile> plan_as_stored(const io::Checkpoint& model) {
+  std::vector<OutputFile> files;
+  for (std::size_t f = 0; f < model.files().size(); ++f) {
+    const io::SafetensorsFile& file = model.files()[f];
+    std::vector<OutputTensor> held;
+    for (const io::TensorEntry& entry : file.header().tensors) {
+      if (!model.contains(entry.name)) continue;  // not in the index: not the checkpoint's
+      const io::StoredTensor& tensor = model.tensor(entry.name);
+      for (const io::StoredPiece& piece : tensor.pieces)
+        if (piece.file == f) held.push_back({&tensor, piece.offsets, piece.shape});
+    }
+    files.push_back(
+        output_file(file.path().filename().string(), std::move(held), file.header().metadata));
   }
   return files;
 }

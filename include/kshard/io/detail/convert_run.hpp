@@ -4,8 +4,9 @@
 // the output files' data sections (cut at element boundaries), each stretch in pieces of at most
 // one buffer: the runs where the stored pieces meet it are read (pread) into the buffer, which
 // is written (pwrite) where it goes; a piece that fills a whole buffer's worth on its own is
-// copied inside the kernel (copy_file_range), as cp does. POSIX I/O on disjoint byte ranges:
-// no rank assembles anything for another.
+// copied inside the kernel (copy_file_range), as cp does. Each buffer's writeback starts at once
+// (sync_file_range), so the final fsync does not wait for the whole output. POSIX I/O on disjoint
+// byte ranges: no rank assembles anything for another.
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -29,6 +31,7 @@
 #include "kshard/io/detail/paths.hpp"
 #include "kshard/io/detail/posix.hpp"
 #include "kshard/io/io_stats.hpp"
+#include "kshard/io/row_patch.hpp"
 
 namespace kshard::detail {
 
@@ -78,10 +81,24 @@ inline std::vector<Stretch> stretches_of(const std::vector<OutputFile>& files, i
   return stretches;
 }
 
+// The source key of a row patch's runs: after every file, so the patch lands last.
+inline constexpr std::size_t patch_source = std::numeric_limits<std::size_t>::max();
+
+// The runs that move the rows of `patch` where they meet `target`, from the patch's bytes.
+inline void append_patch_runs(const io::RowPatch& patch, const BoxStorage& target,
+                              std::uint64_t element_bytes, std::vector<ByteRun>& runs) {
+  const auto row_bytes = static_cast<std::uint64_t>(patch.cols) * element_bytes;
+  for (std::size_t k = 0; k < patch.ids.size(); ++k)
+    append_shared_runs(row_major_box({patch.ids[k], 0}, {1, patch.cols}, k * row_bytes), target,
+                       element_bytes, runs);
+}
+
 // The runs that fill elements [a, b) of `out` (element a at byte 0 of a buffer) from the stored
-// pieces, by source file, each list sorted by its place in the file.
+// pieces, by source file, each list sorted by its place in the file; then, under
+// `patch_source`, from the rows of `patch` (if any) where they meet it.
 inline std::map<std::size_t, std::vector<ByteRun>> fill_runs(const OutputTensor& out,
-                                                             std::int64_t a, std::int64_t b) {
+                                                             std::int64_t a, std::int64_t b,
+                                                             const io::RowPatch* patch) {
   const io::StoredTensor& tensor = *out.tensor;
   const std::uint64_t element_bytes = dtype_info(tensor.dtype).size;
   std::map<std::size_t, std::vector<ByteRun>> runs;
@@ -97,8 +114,10 @@ inline std::map<std::size_t, std::vector<ByteRun>> fill_runs(const OutputTensor&
         for (const io::StoredPiece& piece : tensor.pieces)
           append_shared_runs(row_major_box(piece.offsets, piece.shape, piece.file_offset), target,
                              element_bytes, runs[piece.file]);
+        if (patch != nullptr) append_patch_runs(*patch, target, element_bytes, runs[patch_source]);
         placed += elements * element_bytes;
       });
+  std::erase_if(runs, [](const auto& entry) { return entry.second.empty(); });  // pieces apart
   for (auto& [file, list] : runs)
     std::sort(list.begin(), list.end(),
               [](const ByteRun& x, const ByteRun& y) { return x.from < y.from; });
@@ -129,8 +148,9 @@ class ByteMover {
         out_(outputs_.size()),
         buffer_bytes_(buffer_bytes) {}
 
-  // Writes `stretch` of `file`, calling `done(bytes)` after each buffer's worth.
-  void write(const Stretch& stretch, const OutputFile& file,
+  // Writes `stretch` of `file`, its rows from `patch` where it has them, calling `done(bytes)`
+  // after each buffer's worth.
+  void write(const Stretch& stretch, const OutputFile& file, const io::RowPatch* patch,
              const std::function<void(std::uint64_t)>& done) {
     const std::uint64_t element_bytes = dtype_info(stretch.entry->dtype).size;
     const auto step =
@@ -140,7 +160,7 @@ class ByteMover {
       const std::uint64_t at = file.header.data_offset + stretch.entry->begin +
                                static_cast<std::uint64_t>(a) * element_bytes;
       const std::uint64_t bytes = static_cast<std::uint64_t>(b - a) * element_bytes;
-      move(fill_runs(*stretch.tensor, a, b), stretch.file, at, bytes);
+      move(fill_runs(*stretch.tensor, a, b, patch), stretch.file, at, bytes, patch);
       done(bytes);
     }
   }
@@ -154,22 +174,34 @@ class ByteMover {
  private:
   // Fills bytes [at, at + bytes) of output file `file` by `runs` (from the buffer's start).
   void move(const std::map<std::size_t, std::vector<ByteRun>>& runs, std::size_t file,
-            std::uint64_t at, std::uint64_t bytes) {
+            std::uint64_t at, std::uint64_t bytes, const io::RowPatch* patch) {
     const int out = output(file);
     if (runs.size() == 1 && runs.begin()->second.size() == 1) {  // one piece fills it
       const ByteRun& run = runs.begin()->second.front();
       if (copy_in_kernel(input(runs.begin()->first), run.from, out, at, bytes)) {
         io::io_stats().bytes_read += static_cast<index_t>(bytes);  // as pread and pwrite count
         io::io_stats().bytes_written += static_cast<index_t>(bytes);
+        start_writeback(out, at, bytes);
         return;
       }
     }
     if (buffer_.size() < bytes) buffer_.resize(bytes);
     for (const auto& [source, list] : runs)
       for (const ByteRun& run : list)
-        throw_if(pread_exactly(input(source), buffer_.data() + run.to, run.bytes, run.from,
-                               sources_[source].string()));
+        if (source == patch_source)
+          std::memcpy(buffer_.data() + run.to, patch->bytes.data() + run.from, run.bytes);
+        else
+          throw_if(pread_exactly(input(source), buffer_.data() + run.to, run.bytes, run.from,
+                                 sources_[source].string()));
     pwrite_exactly(out, buffer_.data(), bytes, at, outputs_[file].string());
+    start_writeback(out, at, bytes);
+  }
+  // Starts writing [at, at + bytes) back without waiting (the fsync at the end then finds
+  // little left): the disk works while the next buffer is filled. A hint: errors are the
+  // fsync's to report.
+  static void start_writeback(int out, std::uint64_t at, std::uint64_t bytes) {
+    ::sync_file_range(out, static_cast<off_t>(at), static_cast<off_t>(bytes),
+                      SYNC_FILE_RANGE_WRITE);
   }
   int input(std::size_t file) {
     if (!in_[file]) in_[file].emplace(open_or_throw(sources_[file], O_RDONLY | O_CLOEXEC));
