@@ -523,9 +523,9 @@ def main():
                "prefault_bytes": prefault_bytes}
     for r in records:
         r["machine"] = machine
-    print(f"\n### kshard-convert, {args.size}: {data_bytes / 1e9:.2f} GB of BF16 in 4 per-rank "
-          f"shards (Shard(0)), page-cached, best of {args.repeat} rounds\n")
-    print(f"Shards written by {writer}. GB/s: tensor bytes / wall time. x cp: cp's time / the "
+    report = [f"### kshard-convert, {args.size}: {data_bytes / 1e9:.2f} GB of BF16 in 4 per-rank "
+              f"shards (Shard(0)), page-cached, best of {args.repeat} rounds\n"]
+    report.append(f"Shards written by {writer}. GB/s: tensor bytes / wall time. x cp: cp's time / the "
           f"case's. + fsync: fsync of the output after the command (kshard-convert fsyncs "
           f"before it exits; cp and torch do not); durable x cp: with it. Peak RSS: the largest "
           f"process (the largest rank under mpiexec). Work s: the conversion as the command "
@@ -533,14 +533,17 @@ def main():
           f"and its import), in the best run. Before each run {prefault_bytes / 1e9:.1f} GB of "
           f"memory was touched and freed (--prefault; this machine "
           f"{'reports' if free_page_reporting() else 'does not report'} free memory to a host).\n")
-    print(table(records, cp))
+    report.append(table(records, cp))
     if not args.torch_python:
-        print("\n(torch's cases: --torch-python PYTHON, a python that imports torch)")
+        report.append("\n(torch's cases: --torch-python PYTHON, a python that imports torch)")
+    print("\n" + "\n".join(report))
     if out_json:
         os.makedirs(os.path.dirname(os.path.abspath(out_json)), exist_ok=True)
         with open(out_json, "w") as f:
             f.write("[\n" + ",\n".join("  " + json.dumps(r) for r in records) + "\n]\n")
-        log(f"wrote {out_json}")
+        with open(os.path.splitext(out_json)[0] + ".md", "w") as f:  # for bench/render.py
+            f.write("\n".join(report) + "\n")
+        log(f"wrote {out_json} and its table")
     return 0
 
 

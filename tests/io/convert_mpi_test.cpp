@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kshard/distribute.hpp"
+#include "kshard/io/checkpoint_folder.hpp"
 #include "kshard/io/convert.hpp"
 #include "kshard_test.hpp"
 #include "safetensors_mpi_support.hpp"
@@ -76,6 +77,9 @@ TEST(ConvertMpi, ConsolidatesAJobsShardsByteForByte) {
   for (const auto& [name, t] : job.tensors) data += static_cast<std::int64_t>(t.bytes.size());
   expect_shares(data, static_cast<std::int64_t>(expected.size()) - data, job.tensors.size());
   EXPECT_TRUE(all_ranks(fs::exists(scratch / "hf" / "config.json")));
+  // A checkpoint and its consolidation hash alike, tensor by tensor.
+  EXPECT_EQ(io::tensor_hashes(mesh, model),
+            io::tensor_hashes(mesh, io::Checkpoint(mesh, scratch / "hf")));
   EXPECT_FALSE(all_ranks(fs::exists(scratch / "hf.kshard-partial")));
 }
 

@@ -221,33 +221,33 @@ std::vector<std::filesystem::path> undo_checkpoint(const Mesh<N>& mesh, const Ch
   return files;
 }
 
-/// The FNV-1a 64 hash of every tensor's bytes in `model` (plain FNV-1a over the bytes as
-/// stored, no separator: what any FNV-1a 64 of the file's slice gives), by tensor name, the
-/// same on every rank. Collective over `mesh`: tensor i, counting the files' tensors in order,
-/// is hashed by rank i % size, so each byte is read once over all ranks. Every rank throws the
-/// same `kshard::error` when a read fails. Cost: every tensor's bytes read once (pread, 4 MiB
-/// at a time), one agreement and one all-reduce of one value per tensor.
+/// The FNV-1a 64 hash of every tensor's bytes in `model` (plain FNV-1a over the tensor's bytes
+/// in row-major order, no separator: for a tensor stored whole, what any FNV-1a 64 of the file's
+/// slice gives; for per-rank shards, the hash of the tensor they make, so a checkpoint and its
+/// consolidation hash alike), by tensor name, the same on every rank. Collective over `mesh`:
+/// tensor i (in name order) is hashed by rank i % size, so each byte is read once over all
+/// ranks. Every rank throws the same `kshard::error` when a read fails. Cost: every tensor's
+/// bytes read once (pread, 4 MiB at a time), one agreement and one all-reduce of one value per
+/// tensor.
 template <std::size_t N>
 std::map<std::string, std::uint64_t> tensor_hashes(const Mesh<N>& mesh, const Checkpoint& model) {
   const detail::Operation operation("io::tensor_hashes");
   detail::Agreement agreement(mesh.group());
   detail::same_text(agreement, "the checkpoint path", model.path().string());
   agreement.settle();
-  std::vector<std::pair<const SafetensorsFile*, const TensorEntry*>> tensors;
-  for (const auto& file : model.files())
-    for (const auto& entry : file.header().tensors) tensors.emplace_back(&file, &entry);
-  std::vector<std::uint64_t> hashes(tensors.size(), 0);
+  const std::vector<std::string> names = model.tensor_names();
+  std::vector<std::uint64_t> hashes(names.size(), 0);
   std::vector<char> buffer(std::size_t{1} << 22);
   detail::agree(mesh.group(), detail::attempt([&] {
-                  for (auto i = static_cast<std::size_t>(mesh.my_rank()); i < tensors.size();
+                  for (auto i = static_cast<std::size_t>(mesh.my_rank()); i < names.size();
                        i += static_cast<std::size_t>(mesh.size()))
-                    hashes[i] = detail::tensor_hash(*tensors[i].first, *tensors[i].second, buffer);
+                    hashes[i] = detail::stored_tensor_hash(model, model.tensor(names[i]), buffer);
                 }));
   // A sum (one rank's hash, zeros elsewhere), not a max: MPICH 4.0 compares MPI_UINT64_T as
   // signed, so a hash >= 2^63 lost to 0 there.
   mesh.group().allreduce(hashes.data(), static_cast<std::int64_t>(hashes.size()), ReduceOp::sum);
   std::map<std::string, std::uint64_t> result;
-  for (std::size_t i = 0; i < tensors.size(); ++i) result[tensors[i].second->name] = hashes[i];
+  for (std::size_t i = 0; i < names.size(); ++i) result[names[i]] = hashes[i];
   return result;
 }
 

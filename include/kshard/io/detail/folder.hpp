@@ -18,6 +18,7 @@
 
 #include "kshard/detail/digest.hpp"
 #include "kshard/io/checkpoint.hpp"
+#include "kshard/io/detail/convert_run.hpp"
 #include "kshard/io/detail/paths.hpp"
 #include "kshard/io/detail/posix.hpp"
 #include "kshard/io/detail/undo.hpp"
@@ -126,6 +127,34 @@ inline std::uint64_t tensor_hash(const io::SafetensorsFile& file, const io::Tens
     hash.add_bytes(buffer.data(), n);
     at += n;
     left -= n;
+  }
+  return hash.value();
+}
+
+// FNV-1a 64 of the bytes of `tensor` of `model` in row-major order: its file's slice for a
+// tensor stored whole, else its pieces' runs gathered a buffer at a time.
+inline std::uint64_t stored_tensor_hash(const io::Checkpoint& model, const io::StoredTensor& tensor,
+                                        std::vector<char>& buffer) {
+  if (tensor.pieces.size() == 1) {
+    const io::SafetensorsFile& file = model.files()[tensor.pieces[0].file];
+    return tensor_hash(file, *file.header().find(tensor.name), buffer);
+  }
+  const OutputTensor whole{&tensor, std::vector<std::int64_t>(tensor.shape.size(), 0),
+                           tensor.shape};
+  const std::uint64_t element_bytes = dtype_info(tensor.dtype).size;
+  const auto step = static_cast<std::int64_t>(buffer.size() / element_bytes);
+  const std::int64_t elements = element_count(tensor.name, tensor.shape);
+  Fnv1a64 hash;
+  for (std::int64_t a = 0; a < elements; a += step) {
+    const std::int64_t b = std::min(elements, a + step);
+    for (const auto& [source, runs] : fill_runs(whole, a, b, nullptr)) {
+      const io::SafetensorsFile& file = model.files()[source];
+      const ScopedFd fd(open_or_throw(file.path(), O_RDONLY | O_CLOEXEC));
+      for (const ByteRun& run : runs)
+        throw_if(pread_exactly(fd.get(), buffer.data() + run.to, run.bytes, run.from,
+                               file.path().string()));
+    }
+    hash.add_bytes(buffer.data(), static_cast<std::size_t>(b - a) * element_bytes);
   }
   return hash.value();
 }
