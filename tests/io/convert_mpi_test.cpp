@@ -187,6 +187,48 @@ TEST(ConvertMpi, WritesPatchedRowsInEveryForm) {
       << wrong;
 }
 
+// Each of the job's shard files as `tensors` would make them.
+void expect_shard_files(const fs::path& folder, const std::map<std::string, Tensor>& tensors) {
+  JobCheckpoint job;
+  job.tensors = tensors;
+  const auto shards = job.files();
+  for (int r = 0; r < 4; ++r)
+    EXPECT_TRUE(all_ranks(read_file(folder / shard_name(r)) == shard_file(shards[r]))) << r;
+}
+
+TEST(ConvertMpi, PatchesShardsInPlaceAndUndoes) {
+  const Scratch scratch;
+  const JobCheckpoint job;
+  job.write(scratch / "model");
+  const auto mesh = line();
+  const io::Checkpoint model(mesh, scratch / "model");
+  const Patched expected = patched(job, {0, 9, 10, 36});  // rows in files 0, 0, 1 and 3
+  const auto repaired = kshard::distribute<ExecSpace, MemSpace>(
+      mesh, kshard::Layout<kshard::Shard<0>>{}, kshard::HostMatrix<const float>(expected.embed));
+  const auto files =
+      io::write_patch_in_place(mesh, model, io::patch_rows("embed", repaired, {0, 9, 10, 36}));
+  EXPECT_EQ(files, (std::vector<fs::path>{scratch / "model" / shard_name(0),
+                                          scratch / "model" / shard_name(1),
+                                          scratch / "model" / shard_name(3)}));
+  expect_shard_files(scratch / "model", expected.tensors);
+  const std::string again = collective_error(
+      [&] { io::write_patch_in_place(mesh, model, io::patch_rows("embed", repaired, {1})); });
+  EXPECT_NE(again.find("exists already; undo that write"), std::string::npos) << again;
+  EXPECT_EQ(io::undo_checkpoint(mesh, model), files);
+  expect_shard_files(scratch / "model", job.tensors);
+  // A column-sharded tensor: every shard holds some columns of the rows.
+  kshard::HostMatrix<float> proj("proj", 9, 10);
+  std::memcpy(proj.data(), job.tensors.at("proj").bytes.data(), 9 * 10 * sizeof(float));
+  for (std::size_t c = 0; c < 10; ++c) proj(4, c) = 100.0f + static_cast<float>(c);
+  auto tensors = job.tensors;
+  std::memcpy(tensors.at("proj").bytes.data(), proj.data(), 9 * 10 * sizeof(float));
+  const auto new_proj = kshard::distribute<ExecSpace, MemSpace>(
+      mesh, kshard::Layout<kshard::Shard<1>>{}, kshard::HostMatrix<const float>(proj));
+  EXPECT_EQ(io::write_patch_in_place(mesh, model, io::patch_rows("proj", new_proj, {4})).size(),
+            4u);
+  expect_shard_files(scratch / "model", tensors);
+}
+
 TEST(ConvertMpi, RefusesAlikeAndWritesNothing) {
   const Scratch scratch;
   const JobCheckpoint job;

@@ -290,6 +290,26 @@ std::vector<Case> patch_rows_cases(const Files&) {
   return cases;
 }
 
+// A patch written in place: the checkpoint and the patch's rows, each differing on one rank.
+std::vector<Case> patch_in_place_cases(const Files& files) {
+  const io::Checkpoint model(meshes().usual, files.checkpoint);
+  const io::Checkpoint copy(meshes().usual, files.copy);
+  const auto m = Distribute{}(Type<float>{}, meshes().usual, Layout(Replicate{}, Shard<0>{}), 6, 4);
+  const io::RowPatch one = io::patch_rows("weight", m, {1});
+  const io::RowPatch two = io::patch_rows("weight", m, {2});
+  const Watched unchanged = files_unchanged(files);
+  return {value_case("checkpoint", "the checkpoint path differs",
+                     [=](bool here) {
+                       (void)io::write_patch_in_place(meshes().usual, here ? copy : model, one);
+                     },
+                     {unchanged}),
+          value_case("rows", "the rows of 'weight' to patch differs",
+                     [=](bool here) {
+                       (void)io::write_patch_in_place(meshes().usual, model, here ? two : one);
+                     },
+                     {unchanged})};
+}
+
 // A tensor read from a checkpoint opened on another path on one rank.
 std::vector<Case> read_checkpoint_cases(const Files& files) {
   const io::Checkpoint model(meshes().usual, files.checkpoint);
@@ -317,7 +337,8 @@ std::vector<EntryPoint> entry_points(const Files& files) {
           {"io::undo_checkpoint", Kind::agreed, with(undo_checkpoint_cases)},
           {"io::tensor_hashes", Kind::agreed, with(tensor_hashes_cases)},
           {"io::convert_checkpoint", Kind::agreed, with(convert_cases)},
-          {"io::patch_rows", Kind::agreed, with(patch_rows_cases)}};
+          {"io::patch_rows", Kind::agreed, with(patch_rows_cases)},
+          {"io::write_patch_in_place", Kind::agreed, with(patch_in_place_cases)}};
 }
 
 TEST(IoEntryPoints, TableCoversTheHeaders) {

@@ -118,6 +118,16 @@ template <std::size_t N, class M>
 std::vector<std::string> write_result(const Options& options, const io::Checkpoint& model,
                                       const kshard::Mesh<N>& mesh, const std::string& embed,
                                       const M& matrix, const std::vector<index_t>& ids) {
+  if (options.in_place && model.form() == io::CheckpointForm::per_rank_shards) {
+    std::vector<std::string> written;
+    for (const auto& file :
+         io::write_patch_in_place(mesh, model, io::patch_rows(embed, matrix, ids)))
+      written.push_back(file.string());
+    say("wrote {} row(s) in place into {} shard file(s) of '{}'; undo with: kshard-repair {} "
+        "--undo\n",
+        ids.size(), written.size(), options.model, options.model);
+    return written;
+  }
   if (options.in_place) {
     const io::SafetensorsFile& file = model.file_of(embed);
     io::write_rows_in_place(mesh, file, {io::replace_rows(embed, matrix, ids)},
@@ -296,12 +306,6 @@ int run_on(const Options& options, const kshard::Mesh<N>& mesh,
   // Before any work: a report that cannot be written is an error.
   if (!options.report.empty()) write_report(mesh.group(), options.report, {{"status", "running"}});
   if (options.undo) return undo(model, mesh);
-  if (options.in_place && model.form() == io::CheckpointForm::per_rank_shards)
-    throw Failure{usage_or_io,
-                  fmt::format("--in-place writes into a file holding whole tensors; '{}' holds "
-                              "per-rank shards: write a repaired copy with --out (per-rank "
-                              "shards again) or --out DIR --to hf (one Hugging Face model)",
-                              options.model)};
   const auto embed = pick(model, options.embed, embed_names, "input embedding");
   if (!embed)
     throw Failure{refused, fmt::format("found no input embedding in '{}' (looked for {}); name "

@@ -34,9 +34,11 @@
 #include "kshard/io/checkpoint.hpp"
 #include "kshard/io/detail/collective.hpp"
 #include "kshard/io/detail/folder.hpp"
+#include "kshard/io/detail/patches.hpp"
 #include "kshard/io/detail/paths.hpp"
 #include "kshard/io/detail/write.hpp"
 #include "kshard/io/named_path.hpp"
+#include "kshard/io/row_patch.hpp"
 #include "kshard/io/safetensors.hpp"
 #include "kshard/mesh.hpp"
 #include "kshard/placement.hpp"
@@ -172,6 +174,56 @@ std::vector<std::filesystem::path> write_checkpoint(const Mesh<N>& mesh, const C
     copy.made.insert(copy.made.end(), written.begin(), written.end());
     if (mesh.my_rank() == 0) detail::remove_quietly(copy.made);
     throw;
+  }
+  return written;
+}
+
+/// Writes the rows of `patch` into the files of `model` that hold them, and nothing else: for a
+/// tensor stored whole, its file; for per-rank shards, each shard whose piece holds some of the
+/// rows (their columns of the piece). File by file, rank 0 first saves the rows' current bytes
+/// to the undo file beside it (`undo_path_of`, as `write_rows_in_place` does), writes the rows,
+/// fsyncs, reads them back and records their hash in the undo file; `undo_checkpoint` restores
+/// them. A failed write or verification restores every file written so far. Returns the files
+/// written, the same on every rank. Collective over `mesh`. Every rank throws the same
+/// `kshard::error`, nothing written, for a patch that differs between ranks or does not fit its
+/// tensor (name, dtype, shape), a file whose mode is read-only, and an undo file that exists
+/// already. Cost: rank 0 reads and writes the rows' bytes twice (undo, write) and reads them back.
+template <std::size_t N>
+std::vector<std::filesystem::path> write_patch_in_place(const Mesh<N>& mesh,
+                                                        const Checkpoint& model,
+                                                        const RowPatch& patch) {
+  const detail::Operation operation("io::write_patch_in_place");
+  detail::Agreement agreement(mesh.group());
+  detail::same_text(agreement, "the checkpoint path", model.path().string());
+  detail::agree_on_patches(agreement, model, {patch});
+  agreement.settle();
+  const std::vector<detail::PieceRows> parts = detail::piece_rows(model, patch);
+  if (mesh.my_rank() == 0)
+    for (const auto& part : parts) {
+      const SafetensorsFile& file = model.files()[part.file];
+      agreement.problem(detail::in_place_problem(file, undo_path_of(file.path())));
+    }
+  agreement.settle();
+  std::vector<std::filesystem::path> written;
+  try {
+    for (const auto& part : parts) {
+      const SafetensorsFile& file = model.files()[part.file];
+      std::optional<detail::UndoImage> image;  // rank 0's
+      detail::agree(mesh.group(), detail::attempt([&] {
+                      if (mesh.my_rank() == 0)
+                        image = detail::write_undo(file, {part.rows}, undo_path_of(file.path()));
+                    }));
+      written.push_back(file.path());
+      detail::agree(mesh.group(), detail::attempt([&] {
+                      if (mesh.my_rank() != 0) return;
+                      detail::write_piece_rows(file, part);
+                      detail::mark_undo_written(file, {part.rows}, *image,
+                                                undo_path_of(file.path()));
+                    }));
+    }
+  } catch (const error& e) {
+    for (const auto& file : written) undo_in_place(mesh, undo_path_of(file));
+    throw error(fmt::format("{} (the rows were restored)", e.what()));
   }
   return written;
 }

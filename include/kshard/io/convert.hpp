@@ -48,6 +48,7 @@
 #include "kshard/io/detail/convert_folder.hpp"
 #include "kshard/io/detail/convert_plan.hpp"
 #include "kshard/io/detail/convert_run.hpp"
+#include "kshard/io/detail/patches.hpp"
 #include "kshard/io/row_patch.hpp"
 #include "kshard/mesh.hpp"
 
@@ -75,38 +76,6 @@ inline const io::RowPatch* patch_of(const std::vector<io::RowPatch>& patches,
   for (const io::RowPatch& patch : patches)
     if (patch.name == name) return &patch;
   return nullptr;
-}
-
-// Why `patch` cannot be written over `model`'s tensor of its name (the same on every rank).
-inline std::optional<std::string> patch_problem(const io::Checkpoint& model,
-                                                const io::RowPatch& patch) {
-  if (!model.contains(patch.name))
-    return fmt::format("kshard::io: the checkpoint '{}' has no tensor {} to patch",
-                       model.path().string(), in_quotes(patch.name));
-  const io::StoredTensor& tensor = model.tensor(patch.name);
-  if (tensor.dtype != patch.dtype ||
-      tensor.shape != std::vector<std::int64_t>{patch.rows, patch.cols})
-    return fmt::format("kshard::io: tensor {} is {} {}, but its patch is of a {} x {} {} matrix",
-                       in_quotes(patch.name), io::to_string(tensor.dtype),
-                       io::shape_text(tensor.shape), patch.rows, patch.cols,
-                       io::to_string(patch.dtype));
-  return std::nullopt;
-}
-
-// Adds `patches` to an agreement: the same tensors and rows on every rank, each fit for `model`.
-inline void agree_on_patches(Agreement& agreement, const io::Checkpoint& model,
-                             const std::vector<io::RowPatch>& patches) {
-  agreement.same("the number of row patches", static_cast<std::int64_t>(patches.size()));
-  for (const io::RowPatch& patch : patches) {
-    same_text(agreement, "the tensor of a row patch", patch.name);
-    Digest rows;
-    for (const index_t id : patch.ids) rows.add(id);
-    rows.add(
-        std::string_view(reinterpret_cast<const char*>(patch.bytes.data()), patch.bytes.size()));
-    agreement.same(fmt::format("the rows of {} to patch", in_quotes(patch.name)), rows.value(),
-                   [](std::int64_t) { return std::string(); });
-    agreement.problem(patch_problem(model, patch));
-  }
 }
 
 // Every rank writes its share of `files` (in `partial`) from `model`'s files and `patches`, then
@@ -179,7 +148,6 @@ std::vector<std::filesystem::path> convert_checkpoint(const Mesh<N>& mesh, const
   detail::same_text(agreement, "the checkpoint path", model.path().string());
   detail::same_text(agreement, "the options", detail::options_text(options));
   agreement.problem(detail::options_problem(options));
-  detail::agree_on_patches(agreement, model, patches);
   detail::agree_on_patches(agreement, model, patches);
   if (mesh.my_rank() == 0) agreement.problem(detail::output_folder_problem(out));
   agreement.settle();

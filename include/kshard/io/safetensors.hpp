@@ -239,12 +239,15 @@ void write_rows_in_place(const Mesh<N>& mesh, const SafetensorsFile& file,
   agreement.settle();
   std::optional<detail::UndoImage> image;  // rank 0's
   detail::agree(group, detail::attempt([&] {
-                  if (mesh.my_rank() == 0) image = detail::write_undo(file, updates, undo);
+                  if (mesh.my_rank() == 0)
+                    image = detail::write_undo(file, detail::row_sets(file, updates), undo);
                 }));
   try {
     detail::write_rows_and_verify(group, file, updates);
     detail::agree(group, detail::attempt([&] {
-                    if (mesh.my_rank() == 0) detail::mark_undo_written(file, updates, *image, undo);
+                    if (mesh.my_rank() == 0)
+                      detail::mark_undo_written(file, detail::row_sets(file, updates), *image,
+                                                undo);
                   }));
   } catch (const error& e) {
     undo_in_place(mesh, undo);

@@ -90,29 +90,49 @@ inline std::map<std::string, std::string> undo_metadata(const io::SafetensorsFil
           {std::string(undo_state), std::string(undo_writing)}};
 }
 
-// Rank 0: the undo file of `updates` (the current bytes of every row they replace), recording
-// the file's identity and size, in state "writing".
-inline UndoImage write_undo(const io::SafetensorsFile& file,
-                            const std::vector<io::TensorUpdate>& updates,
+// Rows of one tensor of a file that an in-place write replaces: the tensor's name, dtype and
+// width, the row ids, and where the tensor's first byte lies in the file.
+struct RowSet {
+  std::string name;
+  io::Dtype dtype = io::Dtype::F32;
+  index_t cols = 0;
+  std::vector<index_t> ids;
+  std::uint64_t offset = 0;
+
+  [[nodiscard]] std::uint64_t row_bytes() const {
+    return static_cast<std::uint64_t>(cols) * io::dtype_size(dtype);
+  }
+};
+
+// The row sets of `updates` (each made with replace_rows) of `file`.
+inline std::vector<RowSet> row_sets(const io::SafetensorsFile& file,
+                                    const std::vector<io::TensorUpdate>& updates) {
+  std::vector<RowSet> sets;
+  for (const io::TensorUpdate& u : updates)
+    sets.push_back(
+        {u.name(), UpdateAccess::dtype(u), UpdateAccess::cols(u), *u.rows(), offset_of(file, u)});
+  return sets;
+}
+
+// Rank 0: the undo file of `sets` (the current bytes of every row they replace), recording the
+// file's identity and size, in state "writing".
+inline UndoImage write_undo(const io::SafetensorsFile& file, const std::vector<RowSet>& sets,
                             const std::filesystem::path& undo) {
   const ScopedFd fd(open_or_throw(file.path(), O_RDONLY));
   UndoImage image;
   image.metadata = undo_metadata(file, fd.get());
   std::vector<std::byte> data;
-  for (std::size_t i = 0; i < updates.size(); ++i) {
-    const io::TensorUpdate& u = updates[i];
-    const std::vector<index_t>& ids = *u.rows();
-    const auto count = static_cast<std::int64_t>(ids.size());
-    image.metadata[undo_key(i, "name")] = u.name();
+  for (std::size_t i = 0; i < sets.size(); ++i) {
+    const RowSet& set = sets[i];
+    const auto count = static_cast<std::int64_t>(set.ids.size());
+    image.metadata[undo_key(i, "name")] = set.name;
     image.metadata[undo_key(i, "written_hash")] = undo_no_hash;
     image.specs.push_back({undo_key(i, "rows"), io::Dtype::I64, {count}});
-    image.specs.push_back(
-        {undo_key(i, "bytes"), UpdateAccess::dtype(u), {count, UpdateAccess::cols(u)}});
-    const auto* id_bytes = reinterpret_cast<const std::byte*>(ids.data());
-    data.insert(data.end(), id_bytes, id_bytes + ids.size() * sizeof(index_t));
+    image.specs.push_back({undo_key(i, "bytes"), set.dtype, {count, set.cols}});
+    const auto* id_bytes = reinterpret_cast<const std::byte*>(set.ids.data());
+    data.insert(data.end(), id_bytes, id_bytes + set.ids.size() * sizeof(index_t));
     const std::vector<std::byte> rows =
-        read_rows(fd.get(), file.path().string(), offset_of(file, u), ids,
-                  static_cast<std::uint64_t>(UpdateAccess::row_bytes(u)));
+        read_rows(fd.get(), file.path().string(), set.offset, set.ids, set.row_bytes());
     data.insert(data.end(), rows.begin(), rows.end());
   }
   std::vector<std::byte> bytes = image.header();
@@ -125,16 +145,14 @@ inline UndoImage write_undo(const io::SafetensorsFile& file,
 // tensor's rows as the file now holds them, and state "written". The values keep their length,
 // so only the header bytes that differ are rewritten (tens of bytes) and synced; a torn write
 // there leaves a hash or state that undo refuses, never one it accepts wrongly.
-inline void mark_undo_written(const io::SafetensorsFile& file,
-                              const std::vector<io::TensorUpdate>& updates, UndoImage& image,
-                              const std::filesystem::path& undo) {
+inline void mark_undo_written(const io::SafetensorsFile& file, const std::vector<RowSet>& sets,
+                              UndoImage& image, const std::filesystem::path& undo) {
   const std::vector<std::byte> before = image.header();
   {
     const ScopedFd in(open_or_throw(file.path(), O_RDONLY));
-    for (std::size_t i = 0; i < updates.size(); ++i)
-      image.metadata[undo_key(i, "written_hash")] = rows_hash(
-          read_rows(in.get(), file.path().string(), offset_of(file, updates[i]), *updates[i].rows(),
-                    static_cast<std::uint64_t>(UpdateAccess::row_bytes(updates[i]))));
+    for (std::size_t i = 0; i < sets.size(); ++i)
+      image.metadata[undo_key(i, "written_hash")] = rows_hash(read_rows(
+          in.get(), file.path().string(), sets[i].offset, sets[i].ids, sets[i].row_bytes()));
   }
   image.metadata[std::string(undo_state)] = undo_written;
   const std::vector<std::byte> after = image.header();
