@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "../common/command_line.hpp"
 #include "../common/console.hpp"
 #include "kshard/comm/agree.hpp"
 #include "kshard/error.hpp"
@@ -27,22 +28,6 @@ using namespace kshard_convert;
 using kshard_tools::say;
 
 enum ExitCode { written = 0, usage_or_io = 2 };
-
-// Parses the command line on every rank and agrees that every rank got the same one. Returns
-// the exit code to end with now, or nothing to go on.
-std::optional<int> read_command_line(const kshard::comm::Group& world, CLI::App& app,
-                                     Options& options, int argc, char** argv) {
-  define(app, options);
-  const int parsed = parse(app, options, argc, argv, world.rank() == 0);
-  try {
-    kshard::comm::agree_on_arguments(world, command_line_texts(options, parsed));
-  } catch (const kshard::error& e) {
-    say("kshard-convert: error: {}\n", e.what());
-    return usage_or_io;
-  }
-  if (parsed == -1) return std::nullopt;
-  return parsed == 0 ? written : usage_or_io;  // 0: --help or --version
-}
 
 // The conversion; its errors (the same on every rank) become the exit code.
 int convert(const kshard::Mesh<1>& world, const Options& options) {
@@ -81,7 +66,8 @@ int main(int argc, char** argv) {
     CLI::App app("kshard-convert: consolidate or reshard a safetensors checkpoint",
                  "kshard-convert");
     Options options;
-    if (const auto done = read_command_line(world.group(), app, options, argc, argv))
+    if (const auto done = kshard_tools::read_command_line(world.group(), "kshard-convert", app,
+                                                          options, argc, argv))
       code = *done;
     else
       code = convert(world, options);

@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 
+#include "../common/command_line.hpp"
 #include "kshard/comm/agree.hpp"
 #include "kshard/error.hpp"
 #include "kshard/mesh.hpp"
@@ -24,23 +25,6 @@
 namespace {
 
 using namespace kshard_repair;
-
-// Parses the command line on every rank and agrees on it: every rank got the same one (the
-// tool's collectives depend on it; ranks that differ would wait for each other forever).
-// Returns the exit code to end with now, or nothing to go on.
-std::optional<int> read_command_line(const kshard::comm::Group& world, CLI::App& app,
-                                     Options& options, int argc, char** argv) {
-  define(app, options);
-  const int parsed = parse(app, options, argc, argv, world.rank() == 0);
-  try {
-    kshard::comm::agree_on_arguments(world, command_line_texts(options, parsed));
-  } catch (const kshard::error& e) {
-    say("kshard-repair: error: {}\n", e.what());
-    return usage_or_io;
-  }
-  if (parsed == -1) return std::nullopt;
-  return parsed == 0 ? repaired_or_clean : usage_or_io;  // 0: --help
-}
 
 // The job, its failures turned into their exit codes (the same on every rank).
 int run_job(const kshard::comm::Group& world, const Options& options) {
@@ -65,7 +49,8 @@ int main(int argc, char** argv) {
     CLI::App app("kshard-repair: repair damaged embedding rows of a safetensors checkpoint",
                  "kshard-repair");
     Options options;
-    if (const auto done = read_command_line(world.group(), app, options, argc, argv)) {
+    if (const auto done = kshard_tools::read_command_line(world.group(), "kshard-repair", app,
+                                                          options, argc, argv)) {
       code = *done;
     } else {
       Kokkos::ScopeGuard kokkos(argc, argv);

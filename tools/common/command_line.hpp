@@ -1,0 +1,39 @@
+#pragma once
+
+// The command line of kshard's commands: parsed on every rank, then agreed on (every rank got
+// the same one: the command's collectives depend on it, and ranks that differ would wait for
+// each other forever).
+
+#include <CLI/CLI.hpp>
+
+#include <optional>
+#include <string_view>
+
+#include "console.hpp"
+#include "kshard/comm/agree.hpp"
+#include "kshard/comm/group.hpp"
+#include "kshard/error.hpp"
+
+namespace kshard_tools {
+
+// Defines `options` on `app` and parses the command line into them on every rank (rank 0
+// prints CLI's messages), through the command's own `define`, `parse` and `command_line_texts`
+// (found beside its Options), then agrees on it. Returns the exit code to end with now (0 after
+// --help or --version, 2 for a command line that does not parse or differs between ranks), or
+// nothing to go on.
+template <class Options>
+std::optional<int> read_command_line(const kshard::comm::Group& world, std::string_view command,
+                                     CLI::App& app, Options& options, int argc, char** argv) {
+  define(app, options);
+  const int parsed = parse(app, options, argc, argv, world.rank() == 0);
+  try {
+    kshard::comm::agree_on_arguments(world, command_line_texts(options, parsed));
+  } catch (const kshard::error& e) {
+    say("{}: error: {}\n", command, e.what());
+    return 2;
+  }
+  if (parsed == -1) return std::nullopt;
+  return parsed == 0 ? 0 : 2;
+}
+
+}  // namespace kshard_tools
