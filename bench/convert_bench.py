@@ -38,6 +38,10 @@ case's (above 1: faster than cp). torch's consolidation writes all tensors into 
 fqn_to_index_mapping all -> 1 at num_threads=1; its threads only work on different output files
 (_write_data), so num_threads=2 runs with the tensors split between 2 files by bytes.
 
+The repair (issue 39, item 7): the consolidated file with 64 embedding rows zeroed, repaired by
+`kshard-repair FILE --out OUT` at 1 and 2 ranks (the untouched bytes moved as the conversion
+moves them), against `cp` of the same file; the output must equal the input but for those rows.
+
 The MPI environment is the caller's (scripts/deps.sh's kshard_mpi_environment, or
 OMPI_ALLOW_RUN_AS_ROOT=1 ... for Open MPI as root). Exits 77 (skipped) when this python lacks
 numpy or safetensors, 1 when an output differs from the input or a command fails.
@@ -178,6 +182,40 @@ def compare_with(reference, folder):
         raise SystemExit(f"{folder} lacks {sorted(missing)}")
 
 
+def damage_rows(path, name, rows):
+    """Zeroes `rows` rows of tensor `name` of the safetensors file at `path` (in place); returns
+    the byte ranges it zeroed."""
+    header, base = read_header(path)
+    entry = header[name]
+    row_bytes = math.prod(entry["shape"][1:]) * ELEMENT_BYTES[entry["dtype"]]
+    ranges = [(base + entry["data_offsets"][0] + r * row_bytes,
+               base + entry["data_offsets"][0] + (r + 1) * row_bytes) for r in rows]
+    with open(path, "r+b") as f:
+        for begin, end in ranges:
+            f.seek(begin)
+            f.write(bytes(end - begin))
+    return ranges
+
+
+def check_repaired(damaged, repaired, ranges):
+    """`repaired` has `damaged`'s bytes everywhere but the zeroed `ranges`, none of which is
+    still all zero."""
+    import numpy as np
+    a = np.memmap(damaged, dtype=np.uint8, mode="r")
+    b = np.memmap(repaired, dtype=np.uint8, mode="r")
+    if a.size != b.size:
+        raise SystemExit(f"{repaired} is {b.size} bytes, the input {a.size}")
+    at = 0
+    for begin, end in sorted(ranges) + [(a.size, a.size)]:
+        for x in range(at, begin, CHUNK):
+            y = min(begin, x + CHUNK)
+            if not np.array_equal(a[x:y], b[x:y]):
+                raise SystemExit(f"{repaired} differs from the input in bytes [{x}, {y})")
+        if begin < end and not b[begin:end].any():
+            raise SystemExit(f"{repaired}: the damaged bytes [{begin}, {end}) are still zero")
+        at = end
+
+
 def check_shards(folder, tensors, ranks=4):
     """`ranks` per-rank files, each with DCP_SHARDING_INFO, every tensor's rows tiled."""
     files = [f for f in output_files(folder) if os.path.basename(f).startswith("shard-")]
@@ -248,21 +286,24 @@ def timed(what, command, timer=None):
             "output": (p.stdout + p.stderr).strip()}
 
 
-def fsync_files(folder):
-    """fsyncs every file under `folder` and the folder itself; returns the seconds it took."""
+def fsync_path(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_files(path):
+    """fsyncs the file `path`, or every file under the folder `path` and the folder itself;
+    returns the seconds it took."""
     start = time.perf_counter()
-    for root, _, names in os.walk(folder):
+    if os.path.isfile(path):
+        fsync_path(path)
+    for root, _, names in os.walk(path):
         for name in names:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fd = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            fsync_path(os.path.join(root, name))
+        fsync_path(root)
     return time.perf_counter() - start
 
 
@@ -291,13 +332,14 @@ def prefault(nbytes):
 class Case:
     """One command to time: its record's fields, and how to check its output."""
 
-    def __init__(self, case, label, command, verify=None, timer=None, **fields):
-        self.case, self.label, self.command = case, label, command
+    def __init__(self, case, label, command, verify=None, timer=None, out=None, **fields):
+        self.case, self.label, self.command, self.out = case, label, command, out
         self.verify, self.timer, self.fields, self.runs = verify, timer, fields, []
 
     def run(self, out, first, prefault_bytes):
-        """One run, which writes the new `out`: timed, its output fsynced (timed apart), checked
-        on the `first` run, then removed."""
+        """One run, which writes the new `out` (the case's own when it names one): timed, its
+        output fsynced (timed apart), checked on the `first` run, then removed."""
+        out = self.out or out
         remove(out)
         prefault(prefault_bytes)
         run = timed(self.case, self.command, self.timer)
@@ -402,7 +444,29 @@ def torch_write_shards(consolidated, out, world=4):
 # ---------------------------------------------------------------- the benchmark
 
 
-def table(records, cp):
+def repair_cases(consolidated, scratch, repair, mpiexec, timer, common, rows=64):
+    """Item 7: `kshard-repair --out` of one consolidated file with `rows` zeroed embedding rows
+    (spread over the vocabulary) at 1 and 2 ranks, beside `cp` of the same file."""
+    damaged = os.path.join(scratch, "damaged.safetensors")
+    shutil.copyfile(consolidated, damaged)
+    vocab = SIZES[common["size"]]["model.embed_tokens.weight"][0][0]
+    ranges = damage_rows(damaged, "model.embed_tokens.weight",
+                         [r * (vocab // rows) + 7 for r in range(rows)])
+    subprocess.run(["cat", damaged], stdout=subprocess.DEVNULL, check=True)
+    fsync_files(damaged)
+    verify = lambda out: check_repaired(damaged, out, ranges)  # noqa: E731
+    out = os.path.join(scratch, "repaired.safetensors")
+    cases = [Case("cp_file", "`cp` of the damaged model file", ["cp", damaged, out], out=out,
+                  **common)]
+    for np_ in (1, 2):
+        cases.append(Case("kshard_repair_out", f"kshard-repair --out ({rows} damaged rows)",
+                          mpiexec + [str(np_)] + rank_timer(timer) +
+                          [repair, damaged, "--out", out], verify, timer, out, ranks=np_,
+                          **common))
+    return cases
+
+
+def table(records):
     def f(x, digits=2):
         return "n/a" if x is None else f"{x:.{digits}f}"
     rows = ["| case | ranks / threads | best s (median) | GB/s | x cp | + fsync s | durable x cp "
@@ -412,9 +476,9 @@ def table(records, cp):
                f"{r['threads']} thread{'s' if r['threads'] > 1 else ''}, {r['output_files']} "
                f"file{'s' if r['output_files'] > 1 else ''}" if "threads" in r else "-")
         rows.append(f"| {r['label']} | {who} | {f(r['seconds'])} ({f(r['seconds_median'])}) "
-                    f"| {f(r['gbps'])} | {f(cp['seconds'] / r['seconds'])} "
+                    f"| {f(r['gbps'])} | {f(r['speed_vs_cp'])} "
                     f"| {f(r['fsync_after_s'])} "
-                    f"| {f(cp['durable_seconds'] / r['durable_seconds'])} "
+                    f"| {f(r['durable_speed_vs_cp'])} "
                     f"| {f(r['peak_rss_mib'], 0)} | {f(r.get('work_seconds'), 3)} |")
     return "\n".join(rows)
 
@@ -429,6 +493,8 @@ def main():
     parser.add_argument("--repeat", type=int, default=3, help="runs per case (best is shown)")
     parser.add_argument("--kshard-convert",
                         default=os.path.join(REPO, "build/serial/tools/kshard-convert"))
+    parser.add_argument("--kshard-repair",
+                        default=os.path.join(REPO, "build/serial/tools/kshard-repair"))
     parser.add_argument("--mpiexec", default="mpiexec")
     parser.add_argument("--np-flag", default="-n", help="mpiexec's process-count flag")
     parser.add_argument("--torch-python", help="a python that imports torch: adds torch's cases")
@@ -496,6 +562,8 @@ def main():
                               mpiexec + [str(np_)] + rank_timer(timer) +
                               [convert, shards, out, "--quiet"], verify, timer, ranks=np_,
                               **common))
+        cases += repair_cases(consolidated, scratch, os.path.abspath(args.kshard_repair),
+                              mpiexec, timer, common)
         if args.torch_python:
             for threads, files in ((1, 1), (2, 2)):
                 cases.append(Case("torch_consolidate", "torch consolidate_safetensors_files",
@@ -508,8 +576,9 @@ def main():
             for case in cases:
                 case.run(out, i == 0, prefault_bytes)
         records = [case.record() for case in cases]
-        cp = records[0]
+        floors = {r["case"]: r for r in records if r["case"] in ("cp", "cp_file")}
         for r in records:
+            cp = floors["cp_file" if r["case"] in ("cp_file", "kshard_repair_out") else "cp"]
             r["gbps"] = data_bytes / r["seconds"] / 1e9
             r["durable_gbps"] = data_bytes / r["durable_seconds"] / 1e9
             r["speed_vs_cp"] = cp["seconds"] / r["seconds"]
@@ -526,14 +595,14 @@ def main():
     report = [f"### kshard-convert, {args.size}: {data_bytes / 1e9:.2f} GB of BF16 in 4 per-rank "
               f"shards (Shard(0)), page-cached, best of {args.repeat} rounds\n"]
     report.append(f"Shards written by {writer}. GB/s: tensor bytes / wall time. x cp: cp's time / the "
-          f"case's. + fsync: fsync of the output after the command (kshard-convert fsyncs "
+          f"case's (for kshard-repair --out, cp of the damaged file). + fsync: fsync of the output after the command (kshard-convert fsyncs "
           f"before it exits; cp and torch do not); durable x cp: with it. Peak RSS: the largest "
           f"process (the largest rank under mpiexec). Work s: the conversion as the command "
           f"times it itself (kshard-convert's own report, torch's call without the interpreter "
           f"and its import), in the best run. Before each run {prefault_bytes / 1e9:.1f} GB of "
           f"memory was touched and freed (--prefault; this machine "
           f"{'reports' if free_page_reporting() else 'does not report'} free memory to a host).\n")
-    report.append(table(records, cp))
+    report.append(table(records))
     if not args.torch_python:
         report.append("\n(torch's cases: --torch-python PYTHON, a python that imports torch)")
     print("\n" + "\n".join(report))

@@ -401,15 +401,20 @@ def plots(records, out_dir):
 
 # What the conversion's numbers mean: kept next to the code that renders them.
 CONVERT_NOTES = """
-Issue 39's targets: kshard-convert at one rank >= 0.8 x `cp` of the same bytes, faster at two;
-peak memory per rank bounded whatever the checkpoint's size. **Memory: met** (about 80 MiB per
-rank, the 64 MiB buffer; torch's consolidation holds whole tensors: 2.8-3.6 GiB). **Time:
-missed** on this 2-core machine (below: about 0.4-0.55 x `cp` at one rank, two ranks no faster).
+Issue 39's targets: kshard-convert at one rank >= 0.8 x `cp` of the same bytes, faster at two,
+and the same for `kshard-repair --out`; peak memory per rank bounded whatever the checkpoint's
+size. **Memory: met** for the conversion (about 80 MiB per rank, the 64 MiB buffer; torch's
+consolidation holds whole tensors: 2.8-3.6 GiB); the repair holds the embedding and the LM head
+it repairs from (2 GiB at one rank, half at two; NeMo's load-repair-save: 10.7 GiB). **Time:
+missed** on this 2-core VM, whose runs vary by 2x from one round to the next (cp -r: 0.67-1.25 s
+over two runs): 0.2-0.55 x `cp` at one rank, 0.4 x at two (0.84 x against `cp` plus its fsync).
 Where the time goes (strace at one rank): about 0.45 s is `mpiexec` starting a process (`mpiexec
--n 1 kshard-convert --version` alone), the copy itself takes about what cp's takes (whole pieces
-through copy_file_range, others through the buffer), and kshard fsyncs every file before it
+-n 1 kshard-convert --version` alone); the copy itself takes about what cp's takes (whole pieces
+through copy_file_range, others through the buffer); kshard fsyncs every file before it
 publishes the folder, which cp does not (the "durable" column compares both durably written).
-Two ranks share the machine's two cores with the builds that ran beside this benchmark.
+The repair at one rank (Release build, page-cached): reading both embeddings 1.1 s (allocating
+their 2 GiB without a fill: it was 2.3 s with the fill), the repair 0.2 s, writing the 2.2 GB
+file 1.0 s (the untouched bytes by copy_file_range at each rank's share, the rows over them).
 """
 
 

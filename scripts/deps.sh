@@ -8,7 +8,7 @@
 KSHARD_DEBIAN_PACKAGES=(
   cmake ninja-build g++ clang clang-format libclang-rt-14-dev
   libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenmpi-dev openmpi-bin mpich libmpich-dev
-  libfmt-dev
+  libfmt-dev zlib1g-dev
   libgtest-dev libbenchmark-dev doxygen nlohmann-json3-dev libcli11-dev
 )
 # The reference implementation the checkpoint tests compare with (PyPI).
@@ -170,7 +170,7 @@ kshard_install_python_packages() {
 # the layout-mapping arithmetic, the safetensors header reader, and the tiling of a folder of
 # per-rank shards (both untrusted files: at most 64 MB allocated per input).
 kshard_fuzz() {
-  local seconds=$1 layout header shards failed=0
+  local seconds=$1 layout header shards pickles archives failed=0
   CXX=clang++ cmake -S tests/fuzz -B build/fuzz -G Ninja >/dev/null
   cmake --build build/fuzz >/dev/null
   kshard_run_fuzzer "$seconds" layout_mapping_fuzz tests/fuzz/corpus &
@@ -181,9 +181,17 @@ kshard_fuzz() {
   kshard_run_fuzzer "$seconds" sharded_folder_fuzz tests/fuzz/sharded_folder_corpus \
     -max_len=65536 -rss_limit_mb=512 -malloc_limit_mb=64 -dict=tests/fuzz/sharded_folder.dict &
   shards=$!
+  kshard_run_fuzzer "$seconds" dcp_metadata_fuzz tests/fuzz/dcp_metadata_corpus \
+    -max_len=65536 -rss_limit_mb=512 -malloc_limit_mb=64 -dict=tests/fuzz/dcp_pickle.dict &
+  pickles=$!
+  kshard_run_fuzzer "$seconds" torch_zip_fuzz tests/fuzz/torch_zip_corpus \
+    -max_len=65536 -rss_limit_mb=512 -malloc_limit_mb=64 -dict=tests/fuzz/torch_zip.dict &
+  archives=$!
   wait "$layout" || failed=1
   wait "$header" || failed=1
   wait "$shards" || failed=1
+  wait "$pickles" || failed=1
+  wait "$archives" || failed=1
   return "$failed"
 }
 

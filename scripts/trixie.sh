@@ -23,7 +23,7 @@ KSHARD_TRIXIE_ROOT="$KSHARD_CACHE/trixie-root"
 # Debian packages of the root (trixie); libkokkos-dev comes from unstable, pinned low.
 KSHARD_TRIXIE_PACKAGES=(
   g++ cmake ninja-build make pkg-config python3 openmpi-bin libopenmpi-dev libfmt-dev
-  libgtest-dev googletest nlohmann-json3-dev libcli11-dev
+  libgtest-dev googletest nlohmann-json3-dev libcli11-dev zlib1g-dev
 )
 # Installed when trixie has them: the reference the io_reference test compares with.
 KSHARD_TRIXIE_OPTIONAL_PACKAGES=(python3-numpy python3-safetensors)

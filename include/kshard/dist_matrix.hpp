@@ -56,6 +56,13 @@ consteval bool layout_fits_mesh() {
 }
 }  // namespace detail
 
+/// The tag that asks a `DistMatrix` constructor to leave the shard unfilled.
+struct Unfilled {
+  explicit Unfilled() = default;
+};
+/// Pass to a `DistMatrix` constructor to leave the shard unfilled (`Kokkos::WithoutInitializing`).
+inline constexpr Unfilled unfilled{};
+
 /// A `rows x cols` matrix of `T` distributed over a mesh by layout `L`. The local shard is a
 /// row-major `Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>`; kernels over it run on
 /// `ExecSpace`. Copies share the local view (like Kokkos views) and the mesh.
@@ -97,6 +104,14 @@ class DistMatrix {
              const std::string& label = "kshard::DistMatrix")
       : DistMatrix(mesh, layout, rows, cols, std::nullopt, label) {}
 
+  /// Allocates the local shard without filling it (`kshard::unfilled`): for a caller that
+  /// writes every element before reading any (a read from a checkpoint, a redistribution),
+  /// which saves a pass over the shard's memory. Collective, with the errors above.
+  template <std::size_t M>
+  DistMatrix(const Mesh<M>& mesh, const L& layout, index_t rows, index_t cols, Unfilled,
+             const std::string& label = "kshard::DistMatrix")
+      : DistMatrix(mesh, layout, rows, cols, std::nullopt, label, false) {}
+
   /// Wraps an existing local view, whose extents must equal this rank's shard. Collective,
   /// with the errors above plus a wrong local shape (named with the expected one).
   template <std::size_t M>
@@ -125,7 +140,7 @@ class DistMatrix {
  private:
   template <std::size_t M>
   DistMatrix(const Mesh<M>& mesh, const L& layout, index_t rows, index_t cols,
-             std::optional<view_type> wrapped, const std::string& label)
+             std::optional<view_type> wrapped, const std::string& label, bool fill = true)
       : mesh_(of_layout_rank(mesh)), layout_(layout) {
     const detail::Operation operation("DistMatrix");
     detail::Agreement agreement(mesh.group());
@@ -141,8 +156,11 @@ class DistMatrix {
     // wait for it in their next collective.
     std::optional<std::string> failure;
     try {
-      local_ = view_type(label, static_cast<std::size_t>(mapping_.rows.local_extent()),
-                         static_cast<std::size_t>(mapping_.cols.local_extent()));
+      const auto rows_here = static_cast<std::size_t>(mapping_.rows.local_extent());
+      const auto cols_here = static_cast<std::size_t>(mapping_.cols.local_extent());
+      local_ = fill ? view_type(label, rows_here, cols_here)
+                    : view_type(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), rows_here,
+                                cols_here);
     } catch (const std::exception& e) {
       failure = fmt::format(
           "kshard::DistMatrix: allocating the {} x {} shard on rank {} failed: {}",

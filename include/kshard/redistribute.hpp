@@ -47,19 +47,6 @@ constexpr void check_redistribute_types() {
                 "can reduce (float, double, int32_t, int64_t)");
 }
 
-// A matrix whose shard is allocated without a fill: redistribute writes every element of it
-// (or zeroes it), so initialising would only cost one more pass over memory.
-template <class T, class E, class S, class LT, std::size_t N>
-DistMatrix<T, LT, E, S> uninitialized_matrix(const Mesh<N>& mesh, const LT& layout, index_t rows,
-                                             index_t cols) {
-  const LayoutMapping<N> shard =
-      map_layout(layout.actions(), mesh.shape(), mesh.coords(), rows, cols);
-  ShardView<T, S> local(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::redistribute"),
-                        static_cast<std::size_t>(shard.rows.local_extent()),
-                        static_cast<std::size_t>(shard.cols.local_extent()));
-  return DistMatrix<T, LT, E, S>(mesh, layout, rows, cols, local);
-}
-
 // Only the plan functions construct plans.
 struct PlanKey {
   explicit PlanKey() = default;
@@ -141,8 +128,8 @@ class RedistributePlan {
   /// A new target matrix for this plan, allocated without a fill (every element is written by
   /// `apply`). Collective over the target mesh.
   [[nodiscard]] target_type make_target() const {
-    return detail::uninitialized_matrix<T, ExecSpace, MemSpace>(target_mesh_, target_layout_, rows_,
-                                                                cols_);
+    return target_type(target_mesh_, target_layout_, rows_, cols_, unfilled,
+                       "kshard::redistribute");
   }
 
   /// The mesh of the matrices the plan moves.

@@ -175,8 +175,7 @@ void check_runs(const io::StoredTensor& tensor) {
   std::vector<bool> written(bytes, false);
   std::uint64_t total = 0;
   for (const io::StoredPiece& piece : tensor.pieces) {
-    const detail::BoxStorage stored =
-        detail::row_major_box(piece.offsets, piece.shape, piece.file_offset);
+    const detail::BoxStorage stored = detail::stored_box(piece);
     const auto piece_bytes = static_cast<std::uint64_t>(volume(piece.shape)) * element_bytes;
     std::vector<detail::ByteRun> runs;
     detail::append_shared_runs(stored, whole, element_bytes, runs);

@@ -34,9 +34,9 @@ std::vector<std::byte> bytes_of(std::string_view text) {
 
 TEST(SafetensorsDtype, SizesAndSpellingsRoundTrip) {
   const std::map<std::string, std::uint64_t> sizes{
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
-      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
-      {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8}};
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},   {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2},
+      {"U16", 2},  {"F16", 2}, {"BF16", 2}, {"I32", 4},     {"U32", 4},     {"F32", 4},
+      {"F64", 8},  {"I64", 8}, {"U64", 8},  {"F8_E8M0", 1}};
   for (const auto& [name, size] : sizes) {
     const Dtype dtype = kshard::io::parse_dtype(name);
     EXPECT_EQ(kshard::io::to_string(dtype), name);

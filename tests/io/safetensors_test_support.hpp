@@ -1,7 +1,7 @@
 #pragma once
 
 // Whole-file images for the safetensors header tests, read the way a reader reads a file: the
-// 8-byte prefix first, then the header it announces.
+// 8-byte prefix first, then the header it announces; and the message a refusal carries.
 
 #include <gtest/gtest.h>
 
@@ -14,9 +14,21 @@
 #include <string_view>
 #include <vector>
 
+#include "kshard/error.hpp"
 #include "kshard/io/safetensors_header.hpp"
 
 namespace kshard_io_test {
+
+// The message kshard::error carries for `f`, or "" when it does not throw.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const kshard::error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // A file of the prefix `header_length`, the bytes of `json`, and `data_size` zero bytes.
 inline std::vector<std::byte> file_image(std::uint64_t header_length, std::string_view json,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kshard/error.hpp"
+#include "safetensors_test_support.hpp"
 #include "kshard/io/detail/box_runs.hpp"
 #include "kshard/io/detail/sharding_info.hpp"
 #include "kshard/io/detail/tiling.hpp"
@@ -25,16 +26,7 @@ std::int64_t volume(const Shape& shape) {
   return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
 }
 
-// The message kshard::error carries for `f`, or "" when it does not throw.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const kshard::error& e) {
-    return e.what();
-  }
-  return "";
-}
+using kshard_io_test::error_of;
 
 TEST(ShardingInfo, ParsesTorchsText) {
   const auto info = kshard::detail::parse_sharding_info(

@@ -1,14 +1,18 @@
-// Checkpoints written by real torch (tests/io/fixtures/torch_shards: FSDP2, TP, FSDP2 x TP with
-// _StridedShard, a rank without a file, integer, bool, F8 and 0-d tensors; see its README),
-// read at every rank count of the io suite and compared bit for bit with the ground truth torch's
-// tensors were saved as (expected.safetensors, written by the safetensors package): the tensors'
-// shapes and dtypes, 2-D tensors read into several layouts, the checkpoint consolidated, and
-// resharded for another mesh and consolidated again.
+// Checkpoints written by real torch, per-rank safetensors shards (tests/io/fixtures/torch_shards:
+// FSDP2, TP, FSDP2 x TP with _StridedShard, a rank without a file, integer, bool, F8 and 0-d
+// tensors) and PyTorch DCP folders (tests/io/fixtures/torch_dcp: FSDP2 with AdamW state, TP,
+// FSDP2 x TP, an empty chunk, every dtype torch saves, transposed chunks, several files per rank,
+// `.metadata` at pickle protocols 2 to 5; see their READMEs), read at every rank count of the io
+// suite and compared bit for bit with the ground truth torch's tensors were saved as
+// (expected.safetensors, written by the safetensors package): the tensors' shapes and dtypes,
+// 2-D tensors read into several layouts, the checkpoint consolidated, and resharded for another
+// mesh and consolidated again.
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,6 +31,10 @@ using kshard::test::all_ranks;
 const fs::path fixtures = KSHARD_TORCH_FIXTURES_DIR;
 const std::vector<std::string> cases{"fsdp2_4rank", "tp_2rank", "fsdp_tp_2x2", "empty_rank_3rank",
                                      "single_rank"};
+const fs::path dcp_fixtures = KSHARD_TORCH_DCP_DIR;
+const std::vector<std::string> dcp_cases{
+    "fsdp2_adamw_4rank", "tp_2rank",         "fsdp_tp_2x2",      "empty_rank_3rank",
+    "dtypes_2rank",      "transposed_2rank", "multi_file_2rank", "per_rank_metadata_2rank"};
 
 kshard::Mesh<1> line() { return kshard::Mesh<1>(MPI_COMM_WORLD, {kshard::test::world_size()}); }
 
@@ -78,23 +86,45 @@ void expect_reads(const io::Checkpoint& shards, const io::Checkpoint& truth, con
   }
 }
 
+// Compares the stored tensors of `stored` with the ground truth, and reads its 2-D tensors into
+// several layouts.
+void expect_stored_as_truth(const io::Checkpoint& stored, const io::Checkpoint& truth) {
+  ASSERT_EQ(stored.tensor_names(), truth.tensor_names());
+  for (const auto& tensor : truth.tensor_names()) {
+    EXPECT_EQ(stored.tensor(tensor).dtype, truth.tensor(tensor).dtype) << tensor;
+    EXPECT_EQ(stored.tensor(tensor).shape, truth.tensor(tensor).shape) << tensor;
+  }
+  expect_reads<float>(stored, truth, kshard::Layout<kshard::Shard<0>>{});
+  expect_reads<float>(stored, truth, kshard::Layout<kshard::Shard<1>>{});
+  expect_reads<float>(stored, truth, kshard::Layout(kshard::StridedShard<0>{2}));
+  expect_reads<kshard::bf16>(stored, truth, kshard::Layout<kshard::Replicate>{});
+  expect_reads<kshard::bf16>(stored, truth, kshard::Layout<kshard::Shard<1>>{});
+}
+
+// `stored` consolidated, and resharded for another job (3 ranks, columns where a tensor has
+// them) and consolidated again, equals the ground truth.
+void expect_converts_to_truth(const Scratch& scratch, const std::string& name,
+                              const io::Checkpoint& stored, const io::Checkpoint& truth) {
+  const auto mesh = line();
+  io::convert_checkpoint(mesh, stored, scratch / (name + "_hf"), {});
+  expect_same_tensors(io::Checkpoint(mesh, scratch / (name + "_hf")), truth);
+  io::ConvertOptions other;
+  other.form = io::OutputForm::sharded;
+  other.sharding.mesh = {3};
+  other.sharding.layout = kshard::parse_layout("Shard(1)");
+  io::convert_checkpoint(mesh, stored, scratch / (name + "_tp3"), other);
+  const io::Checkpoint resharded(mesh, scratch / (name + "_tp3"));
+  io::convert_checkpoint(mesh, resharded, scratch / (name + "_hf2"), {});
+  expect_same_tensors(io::Checkpoint(mesh, scratch / (name + "_hf2")), truth);
+}
+
 TEST(TorchFixturesMpi, ReadAsTorchWroteThem) {
   const auto mesh = line();
   for (const auto& name : cases) {
     SCOPED_TRACE(name);
     const io::Checkpoint shards(mesh, fixtures / name / "model");
-    const io::Checkpoint truth(mesh, fixtures / name / "expected.safetensors");
     EXPECT_EQ(shards.form(), io::CheckpointForm::per_rank_shards);
-    ASSERT_EQ(shards.tensor_names(), truth.tensor_names());
-    for (const auto& tensor : truth.tensor_names()) {
-      EXPECT_EQ(shards.tensor(tensor).dtype, truth.tensor(tensor).dtype) << tensor;
-      EXPECT_EQ(shards.tensor(tensor).shape, truth.tensor(tensor).shape) << tensor;
-    }
-    expect_reads<float>(shards, truth, kshard::Layout<kshard::Shard<0>>{});
-    expect_reads<float>(shards, truth, kshard::Layout<kshard::Shard<1>>{});
-    expect_reads<float>(shards, truth, kshard::Layout(kshard::StridedShard<0>{2}));
-    expect_reads<kshard::bf16>(shards, truth, kshard::Layout<kshard::Replicate>{});
-    expect_reads<kshard::bf16>(shards, truth, kshard::Layout<kshard::Shard<1>>{});
+    expect_stored_as_truth(shards, io::Checkpoint(mesh, fixtures / name / "expected.safetensors"));
   }
 }
 
@@ -103,19 +133,84 @@ TEST(TorchFixturesMpi, ConsolidateAndReshardToTheGroundTruth) {
   const auto mesh = line();
   for (const auto& name : cases) {
     SCOPED_TRACE(name);
-    const io::Checkpoint shards(mesh, fixtures / name / "model");
-    const io::Checkpoint truth(mesh, fixtures / name / "expected.safetensors");
-    io::convert_checkpoint(mesh, shards, scratch / (name + "_hf"), {});
-    expect_same_tensors(io::Checkpoint(mesh, scratch / (name + "_hf")), truth);
-    io::ConvertOptions other;  // another job: 3 ranks, columns where a tensor has them
-    other.form = io::OutputForm::sharded;
-    other.sharding.mesh = {3};
-    other.sharding.layout = kshard::parse_layout("Shard(1)");
-    io::convert_checkpoint(mesh, shards, scratch / (name + "_tp3"), other);
-    const io::Checkpoint resharded(mesh, scratch / (name + "_tp3"));
-    io::convert_checkpoint(mesh, resharded, scratch / (name + "_hf2"), {});
-    expect_same_tensors(io::Checkpoint(mesh, scratch / (name + "_hf2")), truth);
+    expect_converts_to_truth(scratch, name, io::Checkpoint(mesh, fixtures / name / "model"),
+                             io::Checkpoint(mesh, fixtures / name / "expected.safetensors"));
   }
+}
+
+TEST(TorchDcpMpi, ReadAsTorchWroteThem) {
+  const auto mesh = line();
+  for (const auto& name : dcp_cases) {
+    SCOPED_TRACE(name);
+    const io::Checkpoint dcp(mesh, dcp_fixtures / name / "checkpoint");
+    EXPECT_EQ(dcp.form(), io::CheckpointForm::dcp);
+    expect_stored_as_truth(dcp, io::Checkpoint(mesh, dcp_fixtures / name / "expected.safetensors"));
+  }
+}
+
+TEST(TorchDcpMpi, ConsolidateAndReshardToTheGroundTruth) {
+  const Scratch scratch;
+  const auto mesh = line();
+  for (const auto& name : dcp_cases) {
+    SCOPED_TRACE(name);
+    expect_converts_to_truth(scratch, name,
+                             io::Checkpoint(mesh, dcp_fixtures / name / "checkpoint"),
+                             io::Checkpoint(mesh, dcp_fixtures / name / "expected.safetensors"));
+  }
+}
+
+// The same checkpoint with its `.metadata` pickled at protocols 2 to 5 reads the same.
+TEST(TorchDcpMpi, MetadataAtEveryPickleProtocol) {
+  const Scratch scratch;
+  const auto mesh = line();
+  const fs::path from = dcp_fixtures / "metadata_protocols";
+  const io::Checkpoint truth(mesh, from / "expected.safetensors");
+  for (const int protocol : {2, 3, 4, 5}) {
+    SCOPED_TRACE(protocol);
+    const fs::path folder = scratch / fmt::format("p{}", protocol);
+    if (kshard::test::world_rank() == 0) {
+      fs::create_directories(folder);
+      for (const char* file : {"__0_0.distcp", "__1_0.distcp"})
+        fs::copy_file(from / file, folder / file);
+      fs::copy_file(from / fmt::format("metadata.p{}", protocol), folder / ".metadata");
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    expect_stored_as_truth(io::Checkpoint(mesh, folder), truth);
+  }
+}
+
+// A copy of DCP fixture `name` in `scratch`, with `damage(folder)` done by rank 0; the message
+// every rank throws opening it.
+std::string dcp_open_error(const Scratch& scratch, const std::string& name,
+                           const std::function<void(const fs::path&)>& damage) {
+  const fs::path folder = scratch / name;
+  if (kshard::test::world_rank() == 0) {
+    fs::copy(dcp_fixtures / name / "checkpoint", folder, fs::copy_options::recursive);
+    damage(folder);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return kshard::test::collective_error([&] { const io::Checkpoint model(line(), folder); });
+}
+
+// Files that lie: every rank throws the same error naming what is wrong, and nothing runs.
+TEST(TorchDcpMpi, FilesThatLieAreRefused) {
+  const Scratch scratch;
+  const fs::path pickles = fs::path(KSHARD_TORCH_DCP_DIR).parent_path() / "dcp_pickles";
+  const std::string evil = dcp_open_error(scratch, "tp_2rank", [&](const fs::path& folder) {
+    fs::copy_file(pickles / "evil_os_system.pkl", folder / ".metadata",
+                  fs::copy_options::overwrite_existing);
+  });
+  EXPECT_NE(evil.find("os.system"), std::string::npos) << evil;
+  const std::string cut = dcp_open_error(scratch, "dtypes_2rank", [](const fs::path& folder) {
+    fs::resize_file(folder / "__1_0.distcp", fs::file_size(folder / "__1_0.distcp") / 2);
+  });
+  EXPECT_NE(cut.find("lies past the end of the file"), std::string::npos) << cut;
+  const std::string swapped = dcp_open_error(scratch, "multi_file_2rank", [](const fs::path& f) {
+    fs::rename(f / "__0_0.distcp", f / "kept");  // every item of one file now points elsewhere
+    fs::rename(f / "__0_1.distcp", f / "__0_0.distcp");
+    fs::rename(f / "kept", f / "__0_1.distcp");
+  });
+  EXPECT_FALSE(swapped.empty());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@ tests/tool/convert.sh. Exit 0 with "ok ..." when it holds, 1 with the difference
     check_convert.py hf OUT CASE SOURCE [--max-shard-size BYTES]
     check_convert.py sharded OUT CASE SOURCE --mesh 3 [--layout L] [--layout-for PATTERN=L ...]
     check_convert.py progress LOG CASE
+    check_convert.py same OUT_FILE EXPECTED_FILE
 
 CASE names the expected global tensors (make_convert_cases.CASES: model, shards, big); SOURCE is
 the folder converted (its config.json and tokenizer.json, or those of its .hf_metadata/, must
@@ -20,7 +21,8 @@ have been copied).
             --layout-for pattern it matches, fnmatch, else --layout, default Shard(0) on every
             mesh dimension), its DCP_SHARDING_INFO offsets and its bytes that box of the tensor;
             .hf_metadata/ holding the side files.
-  progress: the last progress line of LOG ("X of Y GB, ...") has X == Y == the case's bytes."""
+  progress: the last progress line of LOG ("X of Y GB, ...") has X == Y == the case's bytes.
+  same:     OUT_FILE holds exactly EXPECTED_FILE's tensors (names, dtypes, shapes, bytes)."""
 import argparse
 import fnmatch
 import json
@@ -209,18 +211,30 @@ def check_progress(log, case):
                f'the conversion wrote {want} GB ({total} bytes)')
 
 
+def check_same(out, expected):
+    got, _ = read_file(out)
+    want, _ = read_file(expected)
+    expect(sorted(got) == sorted(want), f'{out} holds {sorted(got)}, {expected} {sorted(want)}')
+    for name, tensor in want.items():
+        expect(got.get(name) == tensor, f'{out}: tensor {name} differs from {expected}\'s')
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument('what', choices=['hf', 'sharded', 'progress'])
+    parser.add_argument('what', choices=['hf', 'sharded', 'progress', 'same'])
     parser.add_argument('out')
-    parser.add_argument('case', choices=sorted(CASES))
+    parser.add_argument('case', help=f'one of {sorted(CASES)}; for same, the expected file')
     parser.add_argument('source', nargs='?')
     parser.add_argument('--max-shard-size', type=int, default=5_000_000_000)
     parser.add_argument('--mesh', default='1')
     parser.add_argument('--layout', default='')
     parser.add_argument('--layout-for', action='append', default=[])
     a = parser.parse_args()
-    if a.what == 'hf':
+    if a.what != 'same' and a.case not in CASES:
+        parser.error(f'CASE must be one of {sorted(CASES)}')
+    if a.what == 'same':
+        check_same(a.out, a.case)
+    elif a.what == 'hf':
         check_hf(a.out, a.case, a.source, a.max_shard_size)
     elif a.what == 'sharded':
         check_sharded(a.out, a.case, a.source, a.mesh, a.layout, a.layout_for)

@@ -23,6 +23,8 @@
 #       sharded, a bad --max-shard-size, --to, --buffer-size, a Partial layout (also per
 #       pattern), a layout that does not fit the mesh, a rule without PATTERN=, OUT that
 #       differs between ranks (an MPMD launch); --version: exit 0, "kshard-convert VERSION";
+#   (e) PyTorch DCP folders written by torch, consolidated to their ground truth; a pickle that
+#       names os.system refused;
 #   (d) progress, stderr not a terminal: the last line reports the bytes of the whole
 #       conversion (a 24 MB tensor through a 4 KiB buffer: many updates, bytes not a multiple
 #       of the ranks' shares); --quiet prints none; the summary on stdout.
@@ -197,8 +199,26 @@ progress_cases() {
       fail "split_summary: $(head -c 300 "$dir/stdout.0")"; }
 }
 
+# (e) PyTorch DCP folders torch wrote (tests/io/fixtures/torch_dcp): consolidated, each tensor
+# the bytes of the ground truth; a .metadata whose pickle names os.system: refused, nothing run.
+dcp_cases() {
+  local fixtures=$here/../io/fixtures/torch_dcp name
+  for name in fsdp2_adamw_4rank transposed_2rank per_rank_metadata_2rank; do
+    expect "dcp_$name" 0 "$fixtures/$name/checkpoint" "dcp_$name" --quiet &&
+      { python3 "$here/check_convert.py" same "dcp_$name/model.safetensors" \
+          "$fixtures/$name/expected.safetensors" >"$dir/check.log" 2>&1 ||
+          fail "dcp_$name: $(head -c 600 "$dir/check.log")"; }
+  done
+  cp -r "$fixtures/tp_2rank/checkpoint" evil_dcp
+  cp "$here/../io/fixtures/dcp_pickles/evil_os_system.pkl" evil_dcp/.metadata
+  rm -f /tmp/kshard-pwn  # what the pickle's command would make
+  refused dcp_evil_pickle "os.system" evil_dcp evil_dcp_out
+  [ -e /tmp/kshard-pwn ] && fail "dcp_evil_pickle: the pickle's command ran"
+}
+
 hf_cases
 sharded_cases
+dcp_cases
 path_refusals
 input_refusals
 option_refusals

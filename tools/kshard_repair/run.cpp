@@ -118,7 +118,9 @@ template <std::size_t N, class M>
 std::vector<std::string> write_result(const Options& options, const io::Checkpoint& model,
                                       const kshard::Mesh<N>& mesh, const std::string& embed,
                                       const M& matrix, const std::vector<index_t>& ids) {
-  if (options.in_place && model.form() == io::CheckpointForm::per_rank_shards) {
+  const bool in_pieces = model.form() == io::CheckpointForm::per_rank_shards ||
+                         model.form() == io::CheckpointForm::dcp;
+  if (options.in_place && in_pieces) {
     std::vector<std::string> written;
     for (const auto& file :
          io::write_patch_in_place(mesh, model, io::patch_rows(embed, matrix, ids)))
@@ -137,7 +139,7 @@ std::vector<std::string> write_result(const Options& options, const io::Checkpoi
     return {file.path().string()};
   }
   std::vector<std::filesystem::path> paths;
-  if (model.form() == io::CheckpointForm::per_rank_shards || options.to == "hf") {
+  if (in_pieces || options.to == "hf") {
     io::ConvertOptions convert;
     convert.form = options.to == "hf" ? io::OutputForm::hf : io::OutputForm::as_stored;
     paths = io::convert_checkpoint(mesh, model, options.out, convert,
@@ -287,8 +289,11 @@ int undo(const io::Checkpoint& model, const kshard::Mesh<N>& mesh) {
 
 // Where `tensor` is: its file, or the per-rank shards that hold its pieces.
 std::string where_stored(const io::Checkpoint& model, const io::StoredTensor& tensor) {
+  if (model.form() == io::CheckpointForm::dcp)
+    return fmt::format("{} piece(s) of the DCP checkpoint '{}'", tensor.pieces.size(),
+                       model.path().string());
   if (tensor.pieces.size() == 1)
-    return fmt::format("'{}'", model.files()[tensor.pieces[0].file].path().string());
+    return fmt::format("'{}'", model.data_files()[tensor.pieces[0].file].path.string());
   return fmt::format("{} per-rank shards of '{}'", tensor.pieces.size(), model.path().string());
 }
 

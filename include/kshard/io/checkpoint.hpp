@@ -8,9 +8,16 @@
 ///   (Hugging Face, sharded by tensor);
 /// - a folder of per-rank shards, as a training job writes them (torch's
 ///   HuggingFaceStorageWriter, NeMo AutoModel's default save): each `.safetensors` file holds
-///   one rank's pieces of the tensors, placed by the `DCP_SHARDING_INFO` of its metadata.
+///   one rank's pieces of the tensors, placed by the `DCP_SHARDING_INFO` of its metadata;
+/// - a PyTorch Distributed Checkpoint (`torch.distributed.checkpoint.save`): `.metadata` and
+///   `__<rank>_<k>.distcp` files, each tensor piece a torch.save archive. `.metadata` is read by
+///   a restricted unpickler that builds only DCP's classes and calls nothing (any other global
+///   is refused by name); each piece's place comes from its archive's ZIP directory and
+///   `data.pkl`, checked against `.metadata`.
 /// The form is recognised by the folder's contents, in that order: an index, then
-/// `model.safetensors`, then `.safetensors` files that all carry sharding info.
+/// `model.safetensors`, then `.metadata` (or the `__<rank>.metadata` files each rank writes
+/// with `use_collectives=False`, merged), then `.safetensors` files that all carry sharding
+/// info.
 ///
 ///     kshard::io::Checkpoint model(mesh, "path/to/model");   // collective
 ///     const kshard::io::StoredTensor& embed = model.tensor("model.embed_tokens.weight");
@@ -18,7 +25,9 @@
 ///
 /// Every tensor is a `StoredTensor`: dtype, global shape (for per-rank shards the maximum of
 /// offset + shape over its pieces, as torch computes it) and the pieces that tile it.
-/// A single file's `config.json` is the one in its folder. Opening costs one header read per
+/// A single file's `config.json` is the one in its folder. Opening a DCP folder costs rank 0 the
+/// `.metadata` and a few small reads per piece (the end of its archive, two local headers, its
+/// `data.pkl`), then one broadcast of the table; opening the others costs one header read per
 /// file on every rank (ranks that see different files under one path are refused) and one
 /// broadcast per JSON file and folder listing; every rank throws the same `kshard::error` for a
 /// missing path, an index that is not JSON, names a file outside the folder or a tensor its file
@@ -43,6 +52,7 @@
 #include "kshard/detail/operation.hpp"
 #include "kshard/error.hpp"
 #include "kshard/io/detail/checkpoint_json.hpp"
+#include "kshard/io/detail/dcp/folder.hpp"
 #include "kshard/io/detail/shard_folder.hpp"
 #include "kshard/io/detail/tiling.hpp"
 #include "kshard/io/safetensors.hpp"
@@ -65,12 +75,16 @@ inline constexpr std::string_view safetensors_index_name = "model.safetensors.in
 /// The name of the single file of an unsharded checkpoint folder.
 inline constexpr std::string_view safetensors_single_name = "model.safetensors";
 
-/// The three forms of a checkpoint (see the file comment).
+/// The forms of a checkpoint (see the file comment).
 enum class CheckpointForm : std::uint8_t {
-  single_file,     ///< one safetensors file (given, or `model.safetensors` in the folder)
-  indexed,         ///< files listed by `model.safetensors.index.json`, each tensor whole in one
-  per_rank_shards  ///< one file per rank, each tensor in pieces placed by `DCP_SHARDING_INFO`
+  single_file,      ///< one safetensors file (given, or `model.safetensors` in the folder)
+  indexed,          ///< files listed by `model.safetensors.index.json`, each tensor whole in one
+  per_rank_shards,  ///< one file per rank, each tensor in pieces placed by `DCP_SHARDING_INFO`
+  dcp               ///< PyTorch DCP: `.metadata` and `.distcp` files of torch.save archives
 };
+
+/// A file the tensors are read from, with its size when the checkpoint was opened.
+using DataFile = detail::DataFile;
 
 /// A checkpoint opened on a mesh: its safetensors files (headers validated), its tensors (where
 /// each piece of each lies), and its config. Collective to open; the queries are local.
@@ -102,6 +116,9 @@ class Checkpoint {
       open_indexed(mesh, detail::parse_weight_map(*index, index_path), index_path);
     } else if (rank0_sees_file(group, path_ / safetensors_single_name)) {
       open_single(mesh, path_ / safetensors_single_name);
+    } else if (rank0_sees_dcp(group, path_)) {
+      open_dcp(group);
+      if (!configured) read_config(group, path_ / ".hf_metadata" / "config.json");
     } else {
       open_shards(mesh, detail::list_safetensors(group, path_));
       // A training job keeps the config beside its shards in .hf_metadata/ (NeMo AutoModel).
@@ -115,8 +132,11 @@ class Checkpoint {
   [[nodiscard]] bool is_folder() const { return folder_; }
   /// config.json's fields (all unset without one).
   [[nodiscard]] const ModelConfig& config() const { return config_; }
-  /// Its safetensors files, in the order first named.
+  /// Its safetensors files, in the order first named (none for a DCP folder).
   [[nodiscard]] const std::vector<SafetensorsFile>& files() const { return files_; }
+  /// The files its tensors' pieces lie in (`StoredPiece::file` indexes them): its safetensors
+  /// files, or a DCP folder's `.distcp` files.
+  [[nodiscard]] const std::vector<DataFile>& data_files() const { return data_files_; }
   /// How it is stored.
   [[nodiscard]] CheckpointForm form() const { return form_; }
   /// True when it holds tensor `name`.
@@ -138,11 +158,16 @@ class Checkpoint {
                               detail::in_quotes(name)));
     return it->second;
   }
-  /// The file holding tensor `name` whole. Throws `kshard::error` (locally) when there is no
-  /// such tensor or it is stored in pieces (per-rank shards: read it with the `read_matrix`
-  /// that takes a checkpoint).
+  /// The safetensors file holding tensor `name` whole. Throws `kshard::error` (locally) when
+  /// there is no such tensor or it is stored in pieces or in a DCP folder (read it with the
+  /// `read_matrix` that takes a checkpoint).
   [[nodiscard]] const SafetensorsFile& file_of(std::string_view name) const {
     const StoredTensor& stored = tensor(name);
+    if (form_ == CheckpointForm::dcp)
+      throw error(
+          fmt::format("kshard::io: tensor {} of '{}' is in a PyTorch DCP archive, not "
+                      "a safetensors file",
+                      detail::in_quotes(name), path_.string()));
     if (stored.pieces.size() != 1)
       throw error(
           fmt::format("kshard::io: tensor {} of '{}' is stored in {} pieces, not whole in "
@@ -174,6 +199,12 @@ class Checkpoint {
   static bool rank0_sees_file(const comm::Group& group, const std::filesystem::path& path) {
     std::error_code ec;  // rank 0 alone looks: it must not throw
     std::int64_t seen = group.rank() == 0 && std::filesystem::is_regular_file(path, ec);
+    group.bcast(&seen, 1, 0);
+    return seen != 0;
+  }
+
+  static bool rank0_sees_dcp(const comm::Group& group, const std::filesystem::path& folder) {
+    std::int64_t seen = group.rank() == 0 && !detail::dcp_metadata_paths(folder).empty();
     group.bcast(&seen, 1, 0);
     return seen != 0;
   }
@@ -218,6 +249,14 @@ class Checkpoint {
     place_pieces(0);
   }
 
+  // Reads a PyTorch DCP folder (rank 0, then a broadcast).
+  void open_dcp(const comm::Group& group) {
+    form_ = CheckpointForm::dcp;
+    detail::DcpContents contents = detail::read_dcp_folder(group, path_);
+    data_files_ = std::move(contents.files);
+    tensors_ = std::move(contents.tensors);
+  }
+
   // The stored tensors of the files: whole tensors, or pieces where the files carry sharding
   // info (which per-rank shards must: all of them from `first_shard` on).
   void place_pieces(std::size_t first_shard) {
@@ -235,6 +274,8 @@ class Checkpoint {
           {files_[f].path().string(), &files_[f].header(), infos[f] ? &*infos[f] : nullptr});
     }
     tensors_ = detail::stored_tensors(sources);
+    for (const SafetensorsFile& file : files_)
+      data_files_.push_back({file.path(), file.file_size()});
   }
 
   // A tensor the index maps to one shard but that another shard holds too: a repair would
@@ -259,6 +300,7 @@ class Checkpoint {
   ModelConfig config_;
   CheckpointForm form_ = CheckpointForm::single_file;
   std::vector<SafetensorsFile> files_;
+  std::vector<DataFile> data_files_;
   std::map<std::string, StoredTensor> tensors_;
 };
 

@@ -43,6 +43,21 @@
 #include "kshard/mesh.hpp"
 #include "kshard/placement.hpp"
 
+namespace kshard::detail {
+
+// A PyTorch DCP folder is read, not written, by the safetensors writes: its tensors reach a new
+// checkpoint through io::convert_checkpoint.
+inline std::optional<std::string> dcp_problem(const io::Checkpoint& model, std::string_view what) {
+  if (model.form() != io::CheckpointForm::dcp) return std::nullopt;
+  return fmt::format(
+      "kshard::io::{}: '{}' is a PyTorch DCP checkpoint, which kshard does not write yet; "
+      "nothing was written (io::convert_checkpoint writes its tensors as a Hugging Face model "
+      "or as per-rank shards)",
+      what, model.path().string());
+}
+
+}  // namespace kshard::detail
+
 namespace kshard::io {
 
 /// The undo file an in-place write of the weights file `weights` keeps beside it (the name
@@ -141,6 +156,10 @@ std::vector<std::filesystem::path> write_checkpoint(const Mesh<N>& mesh, const C
   detail::Agreement agreement(mesh.group());
   detail::same_text(agreement, "the output path", out.string());
   agreement.same("the number of tensors to replace", static_cast<std::int64_t>(updates.size()));
+  if (auto problem = detail::dcp_problem(model, "write_checkpoint")) {
+    agreement.problem(std::move(problem));
+    agreement.settle();
+  }
   for (const TensorUpdate& u : updates) {
     detail::UpdateAccess::agree_on(agreement, u);
     agreement.problem(
@@ -195,6 +214,7 @@ std::vector<std::filesystem::path> write_patch_in_place(const Mesh<N>& mesh,
   const detail::Operation operation("io::write_patch_in_place");
   detail::Agreement agreement(mesh.group());
   detail::same_text(agreement, "the checkpoint path", model.path().string());
+  agreement.problem(detail::dcp_problem(model, "write_patch_in_place"));
   detail::agree_on_patches(agreement, model, {patch});
   agreement.settle();
   const std::vector<detail::PieceRows> parts = detail::piece_rows(model, patch);

@@ -67,6 +67,11 @@ inline std::vector<OutputFile> plan_conversion(const io::Checkpoint& model,
     case io::OutputForm::as_stored:
       break;
   }
+  if (model.form() == io::CheckpointForm::dcp)
+    throw error(
+        fmt::format("kshard::io: '{}' is a PyTorch DCP checkpoint, which kshard does not "
+                    "write yet; convert it to a Hugging Face model or per-rank shards",
+                    model.path().string()));
   return plan_as_stored(model);
 }
 
@@ -85,7 +90,7 @@ inline void write_shares(const comm::Group& group, const io::Checkpoint& model,
                          const io::ConvertOptions& options,
                          const std::vector<io::RowPatch>& patches) {
   std::vector<std::filesystem::path> sources, outputs;
-  for (const auto& file : model.files()) sources.push_back(file.path());
+  for (const auto& file : model.data_files()) sources.push_back(file.path);
   std::uint64_t total = 0;
   for (const OutputFile& file : files) {
     outputs.push_back(partial / file.name);

@@ -50,7 +50,7 @@ std::optional<std::string> stored_matrix_problem(const io::Checkpoint& model, st
 template <class ExecSpace, class M>
 void read_stored(const ExecSpace& space, const io::Checkpoint& model,
                  const io::StoredTensor& tensor, const M& matrix) {
-  if (tensor.pieces.size() == 1) {
+  if (tensor.pieces.size() == 1 && model.form() != io::CheckpointForm::dcp) {
     const io::SafetensorsFile& file = model.files()[tensor.pieces[0].file];
     read_shard(space, file, *file.header().find(tensor.name), matrix);
   } else {
@@ -87,7 +87,7 @@ read_matrix(const ExecSpace& space, const Checkpoint& model, std::string_view na
 
   const StoredTensor& tensor = model.tensor(name);
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, tensor.shape[0], tensor.shape[1],
-                                               std::string(name));
+                                               unfilled, std::string(name));  // the read fills it
   detail::read_stored(space, model, tensor, matrix);
   return matrix;
 }

@@ -93,6 +93,7 @@ read_matrix(const ExecSpace& space, const SafetensorsFile& file, std::string_vie
 
   const TensorEntry& entry = *file.header().find(name);
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, entry.shape[0], entry.shape[1],
+                                               unfilled,  // the read fills it
                                                std::string(name));
   detail::read_shard(space, file, entry, matrix);
   return matrix;

@@ -57,6 +57,7 @@ enum class Dtype : std::uint8_t {
   F64,      ///< IEEE double precision
   I64,      ///< signed 64-bit integer
   U64,      ///< unsigned 64-bit integer
+  F8_E8M0,  ///< 8-bit scale, 8 exponent bits and no mantissa (MX formats)
 };
 
 /// `shape` as messages show it, "[2, 3]": at most its first 8 entries, then ", ...".
@@ -83,7 +84,7 @@ struct DtypeInfo {
 };
 
 /// Every dtype, in enum order.
-inline constexpr std::array<DtypeInfo, 15> dtype_table{{
+inline constexpr std::array<DtypeInfo, 16> dtype_table{{
     {io::Dtype::BOOL, "BOOL", 1},
     {io::Dtype::U8, "U8", 1},
     {io::Dtype::I8, "I8", 1},
@@ -99,6 +100,7 @@ inline constexpr std::array<DtypeInfo, 15> dtype_table{{
     {io::Dtype::F64, "F64", 8},
     {io::Dtype::I64, "I64", 8},
     {io::Dtype::U64, "U64", 8},
+    {io::Dtype::F8_E8M0, "F8_E8M0", 1},
 }};
 
 /// Appends one piece of an error message.

@@ -16,12 +16,14 @@
 namespace kshard::io {
 
 /// One piece of a stored tensor: the box `[offsets, offsets + shape)` of the global tensor,
-/// stored row-major from byte `file_offset` of one file.
+/// stored from byte `file_offset` of one file, row-major unless it has `strides` (a PyTorch DCP
+/// piece saved from a transposed view).
 struct StoredPiece {
   std::size_t file = 0;               ///< the file's position in `Checkpoint::files()`
   std::vector<std::int64_t> offsets;  ///< global index of its first element, per dimension
-  std::vector<std::int64_t> shape;    ///< its extents (row-major; empty for a scalar)
+  std::vector<std::int64_t> shape;    ///< its extents (empty for a scalar)
   std::uint64_t file_offset = 0;      ///< where its first byte lies in the file
+  std::vector<std::int64_t> strides;  ///< element strides per dimension; empty: row-major
 
   /// Equal when every field is.
   friend bool operator==(const StoredPiece&, const StoredPiece&) = default;

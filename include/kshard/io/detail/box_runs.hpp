@@ -11,6 +11,8 @@
 #include <span>
 #include <vector>
 
+#include "kshard/io/stored_tensor.hpp"
+
 namespace kshard::detail {
 
 // A box of a tensor in some storage: element `offsets + i` (global index) lies at byte
@@ -38,6 +40,12 @@ inline BoxStorage row_major_box(std::vector<std::int64_t> offsets, std::vector<s
                                 std::uint64_t base) {
   std::vector<std::int64_t> strides = row_major_strides(shape);
   return {std::move(offsets), std::move(shape), std::move(strides), base};
+}
+
+// Where `piece` keeps its elements in its file.
+inline BoxStorage stored_box(const io::StoredPiece& piece) {
+  if (piece.strides.empty()) return row_major_box(piece.offsets, piece.shape, piece.file_offset);
+  return {piece.offsets, piece.shape, piece.strides, piece.file_offset};
 }
 
 // `bytes` bytes copied from byte `from` of the source to byte `to` of the destination.
@@ -79,9 +87,9 @@ inline std::uint64_t byte_at(const BoxStorage& box, std::span<const std::int64_t
   return box.base + static_cast<std::uint64_t>(element) * element_bytes;
 }
 
-// Appends to `runs` the moves of the elements boxes `from` and `to` (of the same tensor, with
-// unit strides in the last dimension) share, in row-major order of the shared box: one run per
-// row of the last dimension, coalesced.
+// Appends to `runs` the moves of the elements boxes `from` and `to` (of the same tensor) share,
+// in row-major order of the shared box: one run per row of the last dimension where both store
+// it contiguously (unit strides), else one per element (a transposed piece); coalesced.
 inline void append_shared_runs(const BoxStorage& from, const BoxStorage& to,
                                std::uint64_t element_bytes, std::vector<ByteRun>& runs) {
   const std::size_t rank = from.shape.size();
@@ -91,14 +99,16 @@ inline void append_shared_runs(const BoxStorage& from, const BoxStorage& to,
     high[d] = std::min(from.offsets[d] + from.shape[d], to.offsets[d] + to.shape[d]);
     if (low[d] >= high[d]) return;
   }
-  const std::uint64_t row_bytes =
-      rank == 0 ? element_bytes
-                : static_cast<std::uint64_t>(high[rank - 1] - low[rank - 1]) * element_bytes;
-  std::vector<std::int64_t> index = low;  // an odometer over all dimensions but the last
+  const bool rows = rank > 0 && from.strides[rank - 1] == 1 && to.strides[rank - 1] == 1;
+  const std::size_t walked = rows ? rank - 1 : rank;  // the dimensions the odometer turns
+  const std::uint64_t run_bytes =
+      rows ? static_cast<std::uint64_t>(high[rank - 1] - low[rank - 1]) * element_bytes
+           : element_bytes;
+  std::vector<std::int64_t> index = low;
   while (true) {
     append_run(runs,
-               {byte_at(from, index, element_bytes), byte_at(to, index, element_bytes), row_bytes});
-    std::size_t d = rank == 0 ? 0 : rank - 1;
+               {byte_at(from, index, element_bytes), byte_at(to, index, element_bytes), run_bytes});
+    std::size_t d = walked;
     while (d > 0 && ++index[d - 1] == high[d - 1]) {
       index[d - 1] = low[d - 1];
       --d;

@@ -190,7 +190,8 @@ inline bool weights_name(const std::string& name) { return name.ends_with(".safe
 inline void copy_side_files(const io::Checkpoint& model, const std::filesystem::path& partial,
                             io::OutputForm form) {
   std::error_code ec;
-  const bool from_shards = model.form() == io::CheckpointForm::per_rank_shards;
+  const bool from_shards = model.form() == io::CheckpointForm::per_rank_shards ||
+                           model.form() == io::CheckpointForm::dcp;
   const bool per_rank_out =
       form == io::OutputForm::sharded || (form == io::OutputForm::as_stored && from_shards);
   const auto into = per_rank_out ? partial / hf_metadata_folder : partial;

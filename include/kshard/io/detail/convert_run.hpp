@@ -112,8 +112,7 @@ inline std::map<std::size_t, std::vector<ByteRun>> fill_runs(const OutputTensor&
         }
         const BoxStorage target = row_major_box(std::move(at), std::move(extent), placed);
         for (const io::StoredPiece& piece : tensor.pieces)
-          append_shared_runs(row_major_box(piece.offsets, piece.shape, piece.file_offset), target,
-                             element_bytes, runs[piece.file]);
+          append_shared_runs(stored_box(piece), target, element_bytes, runs[piece.file]);
         if (patch != nullptr) append_patch_runs(*patch, target, element_bytes, runs[patch_source]);
         placed += elements * element_bytes;
       });
@@ -122,19 +121,6 @@ inline std::map<std::size_t, std::vector<ByteRun>> fill_runs(const OutputTensor&
     std::sort(list.begin(), list.end(),
               [](const ByteRun& x, const ByteRun& y) { return x.from < y.from; });
   return runs;
-}
-
-// Copies `bytes` bytes from `from` of `in` to `to` of `out` inside the kernel; false when the
-// file systems cannot (the caller copies through its buffer then).
-inline bool copy_in_kernel(int in, std::uint64_t from, int out, std::uint64_t to,
-                           std::uint64_t bytes) {
-  auto in_at = static_cast<off_t>(from), out_at = static_cast<off_t>(to);
-  while (bytes > 0) {
-    const ssize_t n = ::copy_file_range(in, &in_at, out, &out_at, bytes, 0);
-    if (n <= 0) return false;  // a short copy resumes through the buffer from where it stopped
-    bytes -= static_cast<std::uint64_t>(n);
-  }
-  return true;
 }
 
 // One rank's byte mover: the checkpoint's files and the output files it opened, and its buffer.
@@ -179,8 +165,6 @@ class ByteMover {
     if (runs.size() == 1 && runs.begin()->second.size() == 1) {  // one piece fills it
       const ByteRun& run = runs.begin()->second.front();
       if (copy_in_kernel(input(runs.begin()->first), run.from, out, at, bytes)) {
-        io::io_stats().bytes_read += static_cast<index_t>(bytes);  // as pread and pwrite count
-        io::io_stats().bytes_written += static_cast<index_t>(bytes);
         start_writeback(out, at, bytes);
         return;
       }
@@ -195,13 +179,6 @@ class ByteMover {
                                  sources_[source].string()));
     pwrite_exactly(out, buffer_.data(), bytes, at, outputs_[file].string());
     start_writeback(out, at, bytes);
-  }
-  // Starts writing [at, at + bytes) back without waiting (the fsync at the end then finds
-  // little left): the disk works while the next buffer is filled. A hint: errors are the
-  // fsync's to report.
-  static void start_writeback(int out, std::uint64_t at, std::uint64_t bytes) {
-    ::sync_file_range(out, static_cast<off_t>(at), static_cast<off_t>(bytes),
-                      SYNC_FILE_RANGE_WRITE);
   }
   int input(std::size_t file) {
     if (!in_[file]) in_[file].emplace(open_or_throw(sources_[file], O_RDONLY | O_CLOEXEC));

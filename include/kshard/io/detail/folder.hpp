@@ -135,7 +135,7 @@ inline std::uint64_t tensor_hash(const io::SafetensorsFile& file, const io::Tens
 // tensor stored whole, else its pieces' runs gathered a buffer at a time.
 inline std::uint64_t stored_tensor_hash(const io::Checkpoint& model, const io::StoredTensor& tensor,
                                         std::vector<char>& buffer) {
-  if (tensor.pieces.size() == 1) {
+  if (tensor.pieces.size() == 1 && model.form() != io::CheckpointForm::dcp) {
     const io::SafetensorsFile& file = model.files()[tensor.pieces[0].file];
     return tensor_hash(file, *file.header().find(tensor.name), buffer);
   }
@@ -148,11 +148,11 @@ inline std::uint64_t stored_tensor_hash(const io::Checkpoint& model, const io::S
   for (std::int64_t a = 0; a < elements; a += step) {
     const std::int64_t b = std::min(elements, a + step);
     for (const auto& [source, runs] : fill_runs(whole, a, b, nullptr)) {
-      const io::SafetensorsFile& file = model.files()[source];
-      const ScopedFd fd(open_or_throw(file.path(), O_RDONLY | O_CLOEXEC));
+      const io::DataFile& file = model.data_files()[source];
+      const ScopedFd fd(open_or_throw(file.path, O_RDONLY | O_CLOEXEC));
       for (const ByteRun& run : runs)
         throw_if(pread_exactly(fd.get(), buffer.data() + run.to, run.bytes, run.from,
-                               file.path().string()));
+                               file.path.string()));
     }
     hash.add_bytes(buffer.data(), static_cast<std::size_t>(b - a) * element_bytes);
   }

@@ -63,6 +63,30 @@ inline void pwrite_exactly(int fd, const void* data, std::uint64_t size, std::ui
   }
 }
 
+// Copies `bytes` bytes from `from` of `in` to `to` of `out` inside the kernel (copy_file_range,
+// as cp copies: no pass through user memory); false when the file systems cannot, for the
+// caller to copy through a buffer instead (from the start: a partial copy is idempotent).
+// Counts the bytes as pread and pwrite would.
+inline bool copy_in_kernel(int in, std::uint64_t from, int out, std::uint64_t to,
+                           std::uint64_t bytes) {
+  auto in_at = static_cast<off_t>(from), out_at = static_cast<off_t>(to);
+  for (std::uint64_t left = bytes; left > 0;) {
+    const ssize_t n = ::copy_file_range(in, &in_at, out, &out_at, left, 0);
+    if (n <= 0) return false;
+    left -= static_cast<std::uint64_t>(n);
+  }
+  io::io_stats().bytes_read += static_cast<index_t>(bytes);
+  io::io_stats().bytes_written += static_cast<index_t>(bytes);
+  return true;
+}
+
+// Starts writing [at, at + bytes) of `out` back without waiting, so that a later fsync finds
+// little left and the disk works while the next buffer is filled. A hint: errors are the
+// fsync's to report.
+inline void start_writeback(int out, std::uint64_t at, std::uint64_t bytes) {
+  ::sync_file_range(out, static_cast<off_t>(at), static_cast<off_t>(bytes), SYNC_FILE_RANGE_WRITE);
+}
+
 // The data written to `fd` so far is on the storage device, or an error naming `path`.
 inline void fsync_or_throw(int fd, const std::filesystem::path& path) {
   if (::fsync(fd) != 0)

@@ -51,7 +51,7 @@ inline std::vector<ByteRun> runs_from_file(const io::StoredTensor& tensor, std::
   std::vector<ByteRun> runs;
   for (const io::StoredPiece& piece : tensor.pieces) {
     if (piece.file != file) continue;
-    const BoxStorage stored = row_major_box(piece.offsets, piece.shape, piece.file_offset);
+    const BoxStorage stored = stored_box(piece);
     for (const BoxStorage& box : boxes) append_shared_runs(stored, box, element_bytes, runs);
   }
   std::sort(runs.begin(), runs.end(),
@@ -61,23 +61,23 @@ inline std::vector<ByteRun> runs_from_file(const io::StoredTensor& tensor, std::
 
 // One collective read of this rank's `runs` of `file` into `data`; every rank throws the same
 // error for a file that cannot be read or is shorter than its header says.
-inline void read_runs(const comm::Group& group, const io::SafetensorsFile& file,
+inline void read_runs(const comm::Group& group, const io::DataFile& file,
                       const std::vector<ByteRun>& runs, void* data) {
   ShardTypes types;
   std::optional<MpiFile> handle;
   agree(group, attempt([&] {
           types = byte_run_types(runs);
-          handle.emplace(group, file.path().string(), FileAccess::read);
+          handle.emplace(group, file.path.string(), FileAccess::read);
         }));
   agree(group, attempt([&] {
           handle->read_shard(0, types, data);
           const std::uint64_t size = handle->size();
           handle->close();
-          if (size < file.file_size())
+          if (size < file.size)
             throw error(
-                fmt::format("kshard::io: '{}' is {} bytes, shorter than the {} its header "
-                            "says (it changed after it was opened)",
-                            file.path().string(), size, file.file_size()));
+                fmt::format("kshard::io: '{}' is {} bytes, shorter than the {} it had when the "
+                            "checkpoint was opened (it changed since)",
+                            file.path.string(), size, file.size));
         }));
 }
 
@@ -95,7 +95,7 @@ void read_pieces(const ExecSpace& space, const io::Checkpoint& model,
   std::set<std::size_t> files;
   for (const io::StoredPiece& piece : tensor.pieces) files.insert(piece.file);
   for (const std::size_t f : files)
-    read_runs(mesh.group(), model.files()[f], runs_from_file(tensor, f, boxes, element_bytes),
+    read_runs(mesh.group(), model.data_files()[f], runs_from_file(tensor, f, boxes, element_bytes),
               host.data());
   if (auto group = replica_group<typename M::layout_type>(mesh))
     broadcast_bytes(host.data(), host.size() * element_bytes, *group);

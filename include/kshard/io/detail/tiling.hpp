@@ -54,7 +54,7 @@ inline io::StoredPiece piece_of(const PieceSource& source, std::size_t file,
       throw_io_error("'", source.path, "' places tensor ", in_quotes(entry.name), " at offset ",
                      offsets[d], " of dimension ", d, ", past INT64_MAX with its extent ",
                      entry.shape[d]);
-  return {file, std::move(offsets), entry.shape, source.header->data_offset + entry.begin};
+  return {file, std::move(offsets), entry.shape, source.header->data_offset + entry.begin, {}};
 }
 
 // Adds `piece` to `tensor` (new, or holding pieces of other files): same dtype and rank.

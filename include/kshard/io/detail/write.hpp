@@ -4,6 +4,8 @@
 // write agrees on before it touches a file, the bytes a new file copies from its source, the
 // updates written and read back through file views of the first copies' shards.
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -140,9 +142,11 @@ inline std::vector<std::pair<std::uint64_t, std::uint64_t>> kept_ranges(
   return kept;
 }
 
-// Copies this rank's equal share of the `kept` bytes from `source` to `target` (independent
-// I/O through a bounded buffer: the same offsets in both files).
-inline void copy_share(MpiFile& source, MpiFile& target,
+// Copies this rank's equal share of the `kept` bytes from `source` to `target`, at the same
+// offsets: POSIX I/O on disjoint ranges, inside the kernel where the file systems can
+// (copy_file_range, as cp), else through a bounded buffer; each piece's writeback started at
+// once (the MPI-IO sync at the end finds little left).
+inline void copy_share(const std::filesystem::path& source, const std::filesystem::path& target,
                        const std::vector<std::pair<std::uint64_t, std::uint64_t>>& kept, int rank,
                        int size) {
   std::uint64_t total = 0;
@@ -155,18 +159,24 @@ inline void copy_share(MpiFile& source, MpiFile& target,
   };
   const std::uint64_t share_begin = share(rank);
   const std::uint64_t share_end = share(rank + 1);
+  if (share_begin == share_end) return;
+  const ScopedFd in(open_or_throw(source, O_RDONLY | O_CLOEXEC));
+  const ScopedFd out(open_or_throw(target, O_WRONLY | O_CLOEXEC));
   constexpr std::uint64_t buffer_bytes = std::uint64_t{64} << 20;
-  std::vector<char> buffer(
-      static_cast<std::size_t>(std::min(buffer_bytes, share_end - share_begin)));
+  std::vector<char> buffer;
   std::uint64_t position = 0;  // of the current range's start among the kept bytes
   for (const auto& [begin, end] : kept) {
     const std::uint64_t from = std::max(share_begin, position);
     const std::uint64_t to = std::min(share_end, position + (end - begin));
     for (std::uint64_t at = from; at < to;) {
-      const auto n = static_cast<int>(std::min(buffer_bytes, to - at));
-      source.read_at(begin + (at - position), buffer.data(), n);
-      target.write_at(begin + (at - position), buffer.data(), n);
-      at += static_cast<std::uint64_t>(n);
+      const std::uint64_t n = std::min(buffer_bytes, to - at), offset = begin + (at - position);
+      if (!copy_in_kernel(in.get(), offset, out.get(), offset, n)) {
+        buffer.resize(static_cast<std::size_t>(buffer_bytes));
+        throw_if(pread_exactly(in.get(), buffer.data(), n, offset, source.string()));
+        pwrite_exactly(out.get(), buffer.data(), n, offset, target);
+      }
+      start_writeback(out.get(), offset, n);
+      at += n;
     }
     position += end - begin;
   }
@@ -203,20 +213,18 @@ inline std::array<std::byte, 8> length_prefix(const io::SafetensorsHeader& heade
 inline void write_partial(const comm::Group& group, const io::SafetensorsFile& source,
                           const std::filesystem::path& partial,
                           const std::vector<io::TensorUpdate>& updates) {
-  std::optional<MpiFile> in;
   std::optional<MpiFile> out;
   agree(group, attempt([&] {
-          in.emplace(group, source.path().string(), FileAccess::read);
           out.emplace(group, partial.string(), FileAccess::write);  // rank 0 made it
         }));
   const int rank = group.rank();
-  agree(group,
-        attempt([&] { copy_share(*in, *out, kept_ranges(source, updates), rank, group.size()); }));
+  agree(group, attempt([&] {
+          copy_share(source.path(), partial, kept_ranges(source, updates), rank, group.size());
+        }));
   agree(group, attempt([&] {
           write_updates(*out, source, updates);
           out->sync();
           out->close();
-          in->close();
         }));
 }
 

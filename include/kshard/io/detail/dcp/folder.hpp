@@ -1,0 +1,318 @@
+#pragma once
+
+// A PyTorch Distributed Checkpoint folder (`.metadata` and `__<rank>_<k>.distcp` files) as the
+// pieces of stored tensors. Rank 0 reads `.metadata` through the restricted unpickler and, for
+// each tensor piece, the end of its torch.save archive (the ZIP directory), the local headers of
+// `data.pkl` and of the storage, and `data.pkl` itself: a few small reads per piece, never the
+// tensor's bytes. It checks what the files claim against each other (dtype and shape in
+// `.metadata` and `data.pkl`, items inside their files, storages inside their entries, the
+// pieces an exact tiling) and broadcasts the table as JSON; every rank then holds the same
+// pieces, or throws the same error.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kshard/comm/agreement.hpp"
+#include "kshard/comm/group.hpp"
+#include "kshard/io/detail/box_runs.hpp"
+#include "kshard/io/detail/collective.hpp"
+#include "kshard/io/detail/dcp/data_pickle.hpp"
+#include "kshard/io/detail/dcp/metadata.hpp"
+#include "kshard/io/detail/dcp/zip.hpp"
+#include "kshard/io/detail/posix.hpp"
+#include "kshard/io/detail/tiling.hpp"
+#include "kshard/io/stored_tensor.hpp"
+
+namespace kshard::detail {
+
+// The name torch gives a checkpoint's metadata (filesystem.py: `.metadata`).
+inline constexpr std::string_view dcp_metadata_name = ".metadata";
+// The most bytes `.metadata` and a `data.pkl` may have: torch writes ~100 bytes per chunk and
+// ~200 per data.pkl.
+inline constexpr std::uint64_t dcp_max_metadata_bytes = std::uint64_t{1} << 30;
+inline constexpr std::uint64_t dcp_max_data_pickle_bytes = std::uint64_t{1} << 20;
+
+// A file tensors are read from, with its size when the checkpoint was opened.
+struct DataFile {
+  std::filesystem::path path;
+  std::uint64_t size = 0;
+};
+
+// What a DCP folder holds: its data files (in first use) and its tensors.
+struct DcpContents {
+  std::vector<DataFile> files;
+  std::map<std::string, io::StoredTensor> tensors;
+};
+
+// Rank 0's reader of the data files: each opened once, its size taken then; reads are bounded
+// by the item they belong to.
+class DcpFileReader {
+ public:
+  explicit DcpFileReader(std::filesystem::path folder) : folder_(std::move(folder)) {}
+
+  // The index of the data file at `relative` (opened on first use).
+  std::size_t index_of(const std::string& relative) {
+    const auto [it, added] = index_.emplace(relative, files_.size());
+    if (added) {
+      const std::filesystem::path path = folder_ / relative;
+      fds_.emplace_back(open_or_throw(path, O_RDONLY | O_CLOEXEC));
+      files_.push_back({path, file_size_of(fds_.back().get(), path)});
+    }
+    return it->second;
+  }
+  // `size` bytes from byte `at` of file `file`.
+  std::vector<std::byte> read(std::size_t file, std::uint64_t at, std::uint64_t size) {
+    std::vector<std::byte> bytes(static_cast<std::size_t>(size));
+    throw_if(pread_exactly(fds_[file].get(), bytes.data(), size, at, files_[file].path.string()));
+    return bytes;
+  }
+  [[nodiscard]] const std::vector<DataFile>& files() const { return files_; }
+
+ private:
+  static std::uint64_t file_size_of(int fd, const std::filesystem::path& path) {
+    const off_t end = ::lseek(fd, 0, SEEK_END);
+    if (end < 0) throw_io_error("cannot find the size of '", path.string(), "'");
+    return static_cast<std::uint64_t>(end);
+  }
+
+  std::filesystem::path folder_;
+  std::map<std::string, std::size_t> index_;
+  std::deque<ScopedFd> fds_;  // ScopedFd does not move
+  std::vector<DataFile> files_;
+};
+
+// One item (a torch.save archive) of a data file: where it lies, for reads and messages.
+struct DcpItem {
+  std::size_t file = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+  std::string name;  // "the item of tensor 'w' at bytes a..b of 'file'"
+};
+
+// The item `storage` of tensor `fqn` names, checked to lie inside its file.
+inline DcpItem dcp_item(DcpFileReader& reader, const DcpStorage& storage, std::string_view fqn) {
+  const std::size_t file = reader.index_of(storage.relative_path);
+  const DataFile& data = reader.files()[file];
+  std::string name =
+      fmt::format("the item of {} at bytes {}..{} of '{}'", in_quotes(fqn), storage.offset,
+                  storage.offset + storage.length, data.path.string());
+  if (storage.offset > data.size || storage.length > data.size - storage.offset)
+    throw_io_error(name, " lies past the end of the file (", data.size, " bytes)");
+  return {file, storage.offset, storage.length, std::move(name)};
+}
+
+// The ZIP directory of `item`'s archive: its tail, and the directory when it lies before.
+inline ZipListing read_item_listing(DcpFileReader& reader, const DcpItem& item) {
+  const std::uint64_t tail_size = zip_tail_bytes(item.length);
+  const std::vector<std::byte> tail =
+      reader.read(item.file, item.offset + item.length - tail_size, tail_size);
+  const ZipDirectory directory = find_zip_directory(tail, item.length, item.name);
+  if (const auto in_tail = zip_directory_in_tail(tail, item.length, directory))
+    return parse_zip_directory(*in_tail, directory, item.name);
+  const auto bytes = reader.read(item.file, item.offset + directory.offset, directory.size);
+  return parse_zip_directory(bytes, directory, item.name);
+}
+
+// Entry `record` of `item`'s archive, with its data offset read from its local header.
+inline ZipEntry read_item_entry(DcpFileReader& reader, const DcpItem& item,
+                                const ZipListing& listing, std::string_view record) {
+  ZipEntry entry = zip_entry(listing, record, item.name);
+  const auto local =
+      reader.read(item.file, item.offset + entry.header_offset, zip_local_header_bytes(entry));
+  entry.data_offset = zip_data_offset(entry, local, item.name);
+  return entry;
+}
+
+// The `data.pkl` of `item`, parsed.
+inline TorchTensorRecord read_tensor_record(DcpFileReader& reader, const DcpItem& item,
+                                            const ZipListing& listing) {
+  const ZipEntry pickle = read_item_entry(reader, item, listing, "data.pkl");
+  if (pickle.size > dcp_max_data_pickle_bytes)
+    throw_io_error("the data.pkl of ", item.name, " has ", pickle.size, " bytes, more than the ",
+                   dcp_max_data_pickle_bytes, " a tensor's may have");
+  const auto bytes = reader.read(item.file, item.offset + pickle.data_offset, pickle.size);
+  return parse_torch_tensor_pickle(bytes, fmt::format("the data.pkl of {}", item.name));
+}
+
+// Refuses a `data.pkl` that says another dtype or shape than `.metadata` gives its chunk.
+inline void check_record(const TorchTensorRecord& record, const DcpTensorEntry& tensor,
+                         const DcpChunk& chunk, const DcpItem& item) {
+  if (record.dtype != tensor.dtype)
+    throw_io_error(item.name, " holds ", io::to_string(record.dtype), " elements; .metadata says ",
+                   io::to_string(tensor.dtype));
+  if (record.size != chunk.sizes)
+    throw_io_error(item.name, " holds a tensor of shape ", io::shape_text(record.size),
+                   "; .metadata gives its chunk the shape ", io::shape_text(chunk.sizes));
+}
+
+// The piece `chunk` of `tensor` makes: its storage's bytes in its data file, with strides
+// where it is not row-major.
+inline io::StoredPiece dcp_piece(DcpFileReader& reader, const DcpTensorEntry& tensor,
+                                 const DcpChunk& chunk) {
+  const DcpItem item = dcp_item(reader, chunk.storage, tensor.fqn);
+  const ZipListing listing = read_item_listing(reader, item);
+  const TorchTensorRecord record = read_tensor_record(reader, item, listing);
+  check_record(record, tensor, chunk, item);
+  const ZipEntry storage = read_item_entry(reader, item, listing, "data/" + record.storage_key);
+  if (record.storage_bytes > storage.size)
+    throw_io_error(item.name, " gives its storage ", record.storage_bytes,
+                   " bytes, but the archive holds ", storage.size);
+  const std::uint64_t element_bytes = io::dtype_size(record.dtype);
+  io::StoredPiece piece{item.file,
+                        chunk.offsets,
+                        chunk.sizes,
+                        item.offset + storage.data_offset +
+                            static_cast<std::uint64_t>(record.storage_offset) * element_bytes,
+                        {}};
+  if (record.stride != row_major_strides(record.size)) piece.strides = record.stride;
+  return piece;
+}
+
+// Refuses pieces of `tensor` outside its shape, then sorts them and refuses overlaps and gaps.
+inline void tile_dcp_tensor(io::StoredTensor& tensor, std::span<const PieceSource> sources) {
+  element_count(tensor.name, tensor.shape);  // refuses a shape past INT64_MAX elements
+  for (const io::StoredPiece& piece : tensor.pieces)
+    for (std::size_t d = 0; d < piece.shape.size(); ++d)
+      if (piece.offsets[d] > tensor.shape[d] - piece.shape[d])
+        throw_io_error(".metadata places a chunk ", box_text(piece), " of tensor ",
+                       in_quotes(tensor.name), " outside its shape ", io::shape_text(tensor.shape));
+  std::sort(tensor.pieces.begin(), tensor.pieces.end(),
+            [](const io::StoredPiece& a, const io::StoredPiece& b) {
+              return std::tie(a.offsets, a.file) < std::tie(b.offsets, b.file);
+            });
+  refuse_overlaps(tensor, sources);
+  refuse_gaps(tensor);
+}
+
+// The metadata files of a DCP folder: `.metadata`, or else the `__<rank>.metadata` each rank
+// writes under dcp.save(..., use_collectives=False), each naming that rank's items only. Empty
+// for a folder of neither (rank 0 alone looks: it must not throw).
+inline std::vector<std::filesystem::path> dcp_metadata_paths(const std::filesystem::path& folder) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(folder / dcp_metadata_name, ec))
+    return {folder / dcp_metadata_name};
+  std::vector<std::filesystem::path> found;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() <= 11 || !name.starts_with("__") || !name.ends_with(".metadata")) continue;
+    const auto rank = std::string_view(name).substr(2, name.size() - 11);
+    if (std::all_of(rank.begin(), rank.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      found.push_back(entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+// The metadata file `path`, parsed (at most dcp_max_metadata_bytes).
+inline DcpMetadata read_dcp_metadata(const std::filesystem::path& path) {
+  const ScopedFd fd(open_or_throw(path, O_RDONLY | O_CLOEXEC));
+  const off_t size = ::lseek(fd.get(), 0, SEEK_END);
+  if (size < 0 || static_cast<std::uint64_t>(size) > dcp_max_metadata_bytes)
+    throw_io_error("'", path.string(), "' has ", size, " bytes; a .metadata may have at most ",
+                   dcp_max_metadata_bytes);
+  std::vector<std::byte> bytes(static_cast<std::size_t>(size));
+  throw_if(pread_exactly(fd.get(), bytes.data(), bytes.size(), 0, path.string()));
+  return parse_dcp_metadata(bytes, path.string());
+}
+
+// Adds the tensors of `part` (one rank's metadata) to `all`: a tensor both name must have the
+// same dtype and size; a chunk both hold (a replicated tensor every rank saved) is kept once.
+inline void merge_dcp_metadata(DcpMetadata& all, const DcpMetadata& part,
+                               const std::filesystem::path& path) {
+  for (const DcpTensorEntry& entry : part.tensors) {
+    const auto same = std::find_if(all.tensors.begin(), all.tensors.end(),
+                                   [&](const DcpTensorEntry& t) { return t.fqn == entry.fqn; });
+    if (same == all.tensors.end()) {
+      all.tensors.push_back(entry);
+      continue;
+    }
+    if (same->dtype != entry.dtype || same->size != entry.size)
+      throw_io_error("'", path.string(), "' gives tensor ", in_quotes(entry.fqn), " dtype ",
+                     io::to_string(entry.dtype), " and size ", io::shape_text(entry.size),
+                     "; another rank's metadata gives ", io::to_string(same->dtype), " and ",
+                     io::shape_text(same->size));
+    for (const DcpChunk& chunk : entry.chunks)
+      if (std::none_of(same->chunks.begin(), same->chunks.end(), [&](const DcpChunk& c) {
+            return c.offsets == chunk.offsets && c.sizes == chunk.sizes;
+          }))
+        same->chunks.push_back(chunk);
+  }
+}
+
+// Rank 0: the metadata of `folder` (merged from every rank's file in the per-rank form) and
+// what its pieces are, checked.
+inline DcpContents dcp_contents(const std::filesystem::path& folder) {
+  DcpMetadata metadata;
+  for (const std::filesystem::path& path : dcp_metadata_paths(folder))
+    merge_dcp_metadata(metadata, read_dcp_metadata(path), path);
+  DcpFileReader reader(folder);
+  DcpContents contents;
+  for (const DcpTensorEntry& entry : metadata.tensors) {
+    io::StoredTensor tensor{entry.fqn, entry.dtype, entry.size, {}};
+    for (const DcpChunk& chunk : entry.chunks)
+      tensor.pieces.push_back(dcp_piece(reader, entry, chunk));
+    contents.tensors.emplace(entry.fqn, std::move(tensor));
+  }
+  contents.files = reader.files();
+  std::vector<PieceSource> sources;
+  for (const DataFile& file : contents.files)
+    sources.push_back({file.path.string(), nullptr, nullptr});
+  for (auto& [name, tensor] : contents.tensors) tile_dcp_tensor(tensor, sources);
+  return contents;
+}
+
+// `contents` as JSON, to broadcast: [[path, size], ...] and [name, dtype, shape, pieces].
+inline std::string dcp_contents_text(const DcpContents& contents) {
+  nlohmann::json files = nlohmann::json::array(), tensors = nlohmann::json::array();
+  for (const DataFile& file : contents.files) files.push_back({file.path.string(), file.size});
+  for (const auto& [name, tensor] : contents.tensors) {
+    nlohmann::json pieces = nlohmann::json::array();
+    for (const io::StoredPiece& p : tensor.pieces)
+      pieces.push_back({p.file, p.offsets, p.shape, p.file_offset, p.strides});
+    tensors.push_back({name, io::to_string(tensor.dtype), tensor.shape, std::move(pieces)});
+  }
+  return nlohmann::json{files, tensors}.dump();
+}
+
+// What dcp_contents_text wrote (by rank 0 of this very program: trusted).
+inline DcpContents dcp_contents_from_text(const std::string& text) {
+  const nlohmann::json json = nlohmann::json::parse(text);
+  DcpContents contents;
+  for (const auto& file : json[0]) contents.files.push_back({file[0].get<std::string>(), file[1]});
+  for (const auto& t : json[1]) {
+    io::StoredTensor tensor{t[0], io::parse_dtype(t[1].get<std::string>()), t[2], {}};
+    for (const auto& p : t[3]) tensor.pieces.push_back({p[0], p[1], p[2], p[3], p[4]});
+    contents.tensors.emplace(tensor.name, std::move(tensor));
+  }
+  return contents;
+}
+
+// The contents of the DCP folder `folder`, read by rank 0 of `group` and broadcast: the same
+// on every rank, or the same error.
+inline DcpContents read_dcp_folder(const comm::Group& group, const std::filesystem::path& folder) {
+  std::string text;
+  std::optional<std::string> problem;
+  if (group.rank() == 0) problem = attempt([&] { text = dcp_contents_text(dcp_contents(folder)); });
+  agree(group, problem);
+  broadcast_text(text, group);
+  return dcp_contents_from_text(text);
+}
+
+}  // namespace kshard::detail
