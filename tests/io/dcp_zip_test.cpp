@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "kshard/error.hpp"
-#include "safetensors_test_support.hpp"
 #include "kshard/io/detail/dcp/zip.hpp"
+#include "safetensors_test_support.hpp"
 
 namespace {
 

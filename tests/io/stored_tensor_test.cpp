@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "kshard/error.hpp"
-#include "safetensors_test_support.hpp"
 #include "kshard/io/detail/box_runs.hpp"
 #include "kshard/io/detail/sharding_info.hpp"
 #include "kshard/io/detail/tiling.hpp"
+#include "safetensors_test_support.hpp"
 
 namespace {
 
