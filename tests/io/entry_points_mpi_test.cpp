@@ -26,6 +26,7 @@
 #include "kshard/io/read_checkpoint.hpp"
 #include "kshard/io/row_patch.hpp"
 #include "kshard/io/safetensors.hpp"
+#include "kshard/io/verify.hpp"
 #include "kshard_test.hpp"
 #include "safetensors_mpi_support.hpp"
 
@@ -249,6 +250,11 @@ std::vector<Case> undo_checkpoint_cases(const Files& files) {
       files, [](const io::Checkpoint& c) { (void)io::undo_checkpoint(meshes().usual, c); });
 }
 
+std::vector<Case> verify_checksums_cases(const Files& files) {
+  return checkpoint_argument_cases(
+      files, [](const io::Checkpoint& c) { (void)io::verify_checksums(meshes().usual, c); });
+}
+
 std::vector<Case> tensor_hashes_cases(const Files& files) {
   return checkpoint_argument_cases(
       files, [](const io::Checkpoint& c) { (void)io::tensor_hashes(meshes().usual, c); });
@@ -336,6 +342,7 @@ std::vector<EntryPoint> entry_points(const Files& files) {
           {"io::write_checkpoint", Kind::agreed, with(write_checkpoint_cases)},
           {"io::undo_checkpoint", Kind::agreed, with(undo_checkpoint_cases)},
           {"io::tensor_hashes", Kind::agreed, with(tensor_hashes_cases)},
+          {"io::verify_checksums", Kind::agreed, with(verify_checksums_cases)},
           {"io::convert_checkpoint", Kind::agreed, with(convert_cases)},
           {"io::patch_rows", Kind::agreed, with(patch_rows_cases)},
           {"io::write_patch_in_place", Kind::agreed, with(patch_in_place_cases)}};

@@ -10,16 +10,20 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "kshard/io/convert.hpp"
 #include "kshard/io/read_checkpoint.hpp"
+#include "kshard/io/verify.hpp"
 #include "kshard_test.hpp"
 #include "safetensors_mpi_support.hpp"
 
@@ -86,6 +90,15 @@ void expect_reads(const io::Checkpoint& shards, const io::Checkpoint& truth, con
   }
 }
 
+// The keys of the JSON object in file `path`.
+std::vector<std::string> json_keys(const fs::path& path) {
+  std::ifstream in(path);
+  const nlohmann::json object = nlohmann::json::parse(in);
+  std::vector<std::string> keys;
+  for (auto it = object.begin(); it != object.end(); ++it) keys.push_back(it.key());
+  return keys;
+}
+
 // Compares the stored tensors of `stored` with the ground truth, and reads its 2-D tensors into
 // several layouts.
 void expect_stored_as_truth(const io::Checkpoint& stored, const io::Checkpoint& truth) {
@@ -144,6 +157,11 @@ TEST(TorchDcpMpi, ReadAsTorchWroteThem) {
     SCOPED_TRACE(name);
     const io::Checkpoint dcp(mesh, dcp_fixtures / name / "checkpoint");
     EXPECT_EQ(dcp.form(), io::CheckpointForm::dcp);
+    std::vector<std::string> items = dcp.other_items();  // the bytes items, as torch saved
+    std::vector<std::string> saved = json_keys(dcp_fixtures / name / "expected_bytes.json");
+    std::sort(items.begin(), items.end());
+    std::sort(saved.begin(), saved.end());
+    EXPECT_EQ(items, saved);
     expect_stored_as_truth(dcp, io::Checkpoint(mesh, dcp_fixtures / name / "expected.safetensors"));
   }
 }
@@ -190,6 +208,40 @@ std::string dcp_open_error(const Scratch& scratch, const std::string& name,
   }
   MPI_Barrier(MPI_COMM_WORLD);
   return kshard::test::collective_error([&] { const io::Checkpoint model(line(), folder); });
+}
+
+// Every piece's CRC-32 checks; a byte changed in one piece's storage is found, named the same on
+// every rank, though the folder still opens (its structure is sound).
+TEST(TorchDcpMpi, VerifyChecksums) {
+  const Scratch scratch;
+  const auto mesh = line();
+  for (const auto& name : dcp_cases) {
+    const io::Checkpoint dcp(mesh, dcp_fixtures / name / "checkpoint");
+    std::size_t pieces = 0;
+    for (const auto& tensor : dcp.tensor_names()) pieces += dcp.tensor(tensor).pieces.size();
+    EXPECT_EQ(io::verify_checksums(mesh, dcp), pieces) << name;
+  }
+  const fs::path folder = scratch / "flipped";
+  if (kshard::test::world_rank() == 0)
+    fs::copy(dcp_fixtures / "tp_2rank" / "checkpoint", folder, fs::copy_options::recursive);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const io::Checkpoint original(mesh, folder);
+  const io::StoredChecksum target = original.checksums().back();
+  if (kshard::test::world_rank() == 0) {  // one byte of the last piece's storage inverted
+    std::fstream file(original.data_files()[target.file].path,
+                      std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(target.offset + target.bytes / 2);
+    file.seekg(at);
+    const int byte = file.get();
+    file.seekp(at);
+    file.put(static_cast<char>(byte ^ 0xff));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const io::Checkpoint flipped(mesh, folder);
+  const std::string error =
+      kshard::test::collective_error([&] { io::verify_checksums(mesh, flipped); });
+  EXPECT_NE(error.find("but its archive records"), std::string::npos) << error;
+  EXPECT_NE(error.find(target.name), std::string::npos) << error;
 }
 
 // Files that lie: every rank throws the same error naming what is wrong, and nothing runs.

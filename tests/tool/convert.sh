@@ -23,8 +23,8 @@
 #       sharded, a bad --max-shard-size, --to, --buffer-size, a Partial layout (also per
 #       pattern), a layout that does not fit the mesh, a rule without PATTERN=, OUT that
 #       differs between ranks (an MPMD launch); --version: exit 0, "kshard-convert VERSION";
-#   (e) PyTorch DCP folders written by torch, consolidated to their ground truth; a pickle that
-#       names os.system refused;
+#   (e) PyTorch DCP folders written by torch, consolidated to their ground truth (--verify: their
+#       CRC-32s checked); a pickle that names os.system refused;
 #   (d) progress, stderr not a terminal: the last line reports the bytes of the whole
 #       conversion (a 24 MB tensor through a 4 KiB buffer: many updates, bytes not a multiple
 #       of the ranks' shares); --quiet prints none; the summary on stdout.
@@ -209,6 +209,12 @@ dcp_cases() {
           "$fixtures/$name/expected.safetensors" >"$dir/check.log" 2>&1 ||
           fail "dcp_$name: $(head -c 600 "$dir/check.log")"; }
   done
+  # The last case's one bytes item (saved by both ranks, named once).
+  grep -qF "left out 1 item that is not a tensor (a Hugging Face model and per-rank shards hold tensors only): 'step'" \
+    "$dir/stdout.0" || fail "dcp: the item left out is not named: $(head -c 300 "$dir/stdout.0")"
+  expect dcp_verify 0 "$fixtures/tp_2rank/checkpoint" dcp_verified --verify --quiet &&
+    { grep -qF "verified 7 checksum(s)" "$dir/stdout.0" ||
+      fail "dcp_verify: $(head -c 300 "$dir/stdout.0")"; }
   cp -r "$fixtures/tp_2rank/checkpoint" evil_dcp
   cp "$here/../io/fixtures/dcp_pickles/evil_os_system.pkl" evil_dcp/.metadata
   rm -f /tmp/kshard-pwn  # what the pickle's command would make

@@ -10,15 +10,21 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "../common/command_line.hpp"
 #include "../common/console.hpp"
 #include "kshard/comm/agree.hpp"
 #include "kshard/error.hpp"
 #include "kshard/io/convert.hpp"
+#include "kshard/io/verify.hpp"
 #include "kshard/mesh.hpp"
 #include "options.hpp"
 
@@ -28,6 +34,19 @@ using namespace kshard_convert;
 using kshard_tools::say;
 
 enum ExitCode { written = 0, usage_or_io = 2 };
+
+// Names what the output cannot hold: the items of a DCP folder that are not tensors.
+void say_left_out(const std::vector<std::string>& items) {
+  if (items.empty()) return;
+  constexpr std::size_t shown = 8;
+  std::string names;
+  for (std::size_t i = 0; i < std::min(items.size(), shown); ++i)
+    names += fmt::format("{}'{}'", i == 0 ? "" : ", ", items[i]);
+  if (items.size() > shown) names += fmt::format(", ... {} more", items.size() - shown);
+  say("kshard-convert: left out {} item{} that {} not a tensor (a Hugging Face model and "
+      "per-rank shards hold tensors only): {}\n",
+      items.size(), items.size() == 1 ? "" : "s", items.size() == 1 ? "is" : "are", names);
+}
 
 // The conversion; its errors (the same on every rank) become the exit code.
 int convert(const kshard::Mesh<1>& world, const Options& options) {
@@ -40,6 +59,9 @@ int convert(const kshard::Mesh<1>& world, const Options& options) {
       };
     const auto start = std::chrono::steady_clock::now();
     const kshard::io::Checkpoint model(world, options.in);
+    if (options.verify)
+      say("kshard-convert: verified {} checksum(s) of '{}'\n",
+          kshard::io::verify_checksums(world, model), options.in);
     const auto files = kshard::io::convert_checkpoint(world, model, options.out, settings);
     std::uint64_t bytes = 0;
     for (const auto& name : model.tensor_names()) bytes += model.tensor(name).bytes();
@@ -47,6 +69,7 @@ int convert(const kshard::Mesh<1>& world, const Options& options) {
         options.out,
         kshard_tools::throughput(static_cast<std::int64_t>(bytes),
                                  kshard_tools::seconds_since(start)));
+    say_left_out(model.other_items());
     return written;
   } catch (const kshard::error& e) {
     say("kshard-convert: error: {}\n", e.what());

@@ -36,6 +36,8 @@ void define(CLI::App& app, Options& o) {
                  "largest consolidated file, e.g. 5GB (default) or 500MiB");
   app.add_option("--buffer-size", o.buffer_size, "largest buffer per rank (default 64MiB)");
   app.add_flag("--quiet", o.quiet, "no progress");
+  app.add_flag("--verify", o.verify,
+               "first check every checksum the input records (a PyTorch DCP folder's CRC-32s)");
 }
 
 int parse(CLI::App& app, Options& o, int argc, char** argv, bool print) {
@@ -64,7 +66,8 @@ std::vector<kshard::comm::NamedText> command_line_texts(const Options& o, int pa
       {"--layout-for", fmt::format("[{}]", fmt::join(o.layout_for, "; "))},
       {"--max-shard-size", o.max_shard_size},
       {"--buffer-size", o.buffer_size},
-      {"--quiet", o.quiet ? "on" : "off"}};
+      {"--quiet", o.quiet ? "on" : "off"},
+      {"--verify", o.verify ? "on" : "off"}};
   texts.insert(texts.end(), options.begin(), options.end());
   return texts;
 }

@@ -24,6 +24,7 @@ struct Options {
   std::string max_shard_size = "5GB";
   std::string buffer_size = "64MiB";
   bool quiet = false;
+  bool verify = false;
 };
 
 // Defines every option of `o` on `app` (with --version).

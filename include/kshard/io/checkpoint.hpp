@@ -137,6 +137,12 @@ class Checkpoint {
   /// The files its tensors' pieces lie in (`StoredPiece::file` indexes them): its safetensors
   /// files, or a DCP folder's `.distcp` files.
   [[nodiscard]] const std::vector<DataFile>& data_files() const { return data_files_; }
+  /// The names of what it holds beside tensors: a DCP folder's bytes items (optimizer steps,
+  /// learning rates, ...), in `.metadata`'s order; none for safetensors.
+  [[nodiscard]] const std::vector<std::string>& other_items() const { return other_items_; }
+  /// The checksums it records (a DCP folder: each piece's CRC-32), which opening does not check
+  /// (`io::verify_checksums` does); none for safetensors.
+  [[nodiscard]] const std::vector<StoredChecksum>& checksums() const { return checksums_; }
   /// How it is stored.
   [[nodiscard]] CheckpointForm form() const { return form_; }
   /// True when it holds tensor `name`.
@@ -255,6 +261,8 @@ class Checkpoint {
     detail::DcpContents contents = detail::read_dcp_folder(group, path_);
     data_files_ = std::move(contents.files);
     tensors_ = std::move(contents.tensors);
+    other_items_ = std::move(contents.other_items);
+    checksums_ = std::move(contents.checksums);
   }
 
   // The stored tensors of the files: whole tensors, or pieces where the files carry sharding
@@ -302,6 +310,8 @@ class Checkpoint {
   std::vector<SafetensorsFile> files_;
   std::vector<DataFile> data_files_;
   std::map<std::string, StoredTensor> tensors_;
+  std::vector<std::string> other_items_;
+  std::vector<StoredChecksum> checksums_;
 };
 
 }  // namespace kshard::io

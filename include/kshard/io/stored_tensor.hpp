@@ -29,6 +29,19 @@ struct StoredPiece {
   friend bool operator==(const StoredPiece&, const StoredPiece&) = default;
 };
 
+/// A checksum a checkpoint records for a range of one of its files (a PyTorch DCP piece's
+/// torch.save entry: CRC-32), for `io::verify_checksums`.
+struct StoredChecksum {
+  std::size_t file = 0;      ///< the file's position in `Checkpoint::data_files()`
+  std::uint64_t offset = 0;  ///< where the range begins
+  std::uint64_t bytes = 0;   ///< its length
+  std::uint32_t crc32 = 0;   ///< the CRC-32 recorded for it
+  std::string name;          ///< what it is, for messages
+
+  /// Equal when every field is.
+  friend bool operator==(const StoredChecksum&, const StoredChecksum&) = default;
+};
+
 /// A tensor of a checkpoint: dtype, global shape, and its pieces (an exact tiling: every
 /// element in exactly one piece), sorted by their offsets.
 struct StoredTensor {

@@ -55,10 +55,13 @@ struct DataFile {
   std::uint64_t size = 0;
 };
 
-// What a DCP folder holds: its data files (in first use) and its tensors.
+// What a DCP folder holds: its data files (in first use), its tensors, and the names of its
+// non-tensor items (bytes items: steps, learning rates, ...).
 struct DcpContents {
   std::vector<DataFile> files;
   std::map<std::string, io::StoredTensor> tensors;
+  std::vector<std::string> other_items;
+  std::vector<io::StoredChecksum> checksums;  // each piece's storage entry
 };
 
 // Rank 0's reader of the data files: each opened once, its size taken then; reads are bounded
@@ -163,9 +166,10 @@ inline void check_record(const TorchTensorRecord& record, const DcpTensorEntry& 
 }
 
 // The piece `chunk` of `tensor` makes: its storage's bytes in its data file, with strides
-// where it is not row-major.
+// where it is not row-major; the storage entry's CRC-32 is added to `checksums`.
 inline io::StoredPiece dcp_piece(DcpFileReader& reader, const DcpTensorEntry& tensor,
-                                 const DcpChunk& chunk) {
+                                 const DcpChunk& chunk,
+                                 std::vector<io::StoredChecksum>& checksums) {
   const DcpItem item = dcp_item(reader, chunk.storage, tensor.fqn);
   const ZipListing listing = read_item_listing(reader, item);
   const TorchTensorRecord record = read_tensor_record(reader, item, listing);
@@ -182,6 +186,8 @@ inline io::StoredPiece dcp_piece(DcpFileReader& reader, const DcpTensorEntry& te
                             static_cast<std::uint64_t>(record.storage_offset) * element_bytes,
                         {}};
   if (record.stride != row_major_strides(record.size)) piece.strides = record.stride;
+  checksums.push_back({item.file, item.offset + storage.data_offset, storage.size, storage.crc32,
+                       fmt::format("the storage of {}", item.name)});
   return piece;
 }
 
@@ -232,8 +238,9 @@ inline DcpMetadata read_dcp_metadata(const std::filesystem::path& path) {
   return parse_dcp_metadata(bytes, path.string());
 }
 
-// Adds the tensors of `part` (one rank's metadata) to `all`: a tensor both name must have the
-// same dtype and size; a chunk both hold (a replicated tensor every rank saved) is kept once.
+// Adds the tensors and bytes items of `part` (one rank's metadata) to `all`: a tensor both name
+// must have the same dtype and size; a chunk both hold (a replicated tensor every rank saved) is
+// kept once.
 inline void merge_dcp_metadata(DcpMetadata& all, const DcpMetadata& part,
                                const std::filesystem::path& path) {
   for (const DcpTensorEntry& entry : part.tensors) {
@@ -254,6 +261,7 @@ inline void merge_dcp_metadata(DcpMetadata& all, const DcpMetadata& part,
           }))
         same->chunks.push_back(chunk);
   }
+  all.bytes_items.insert(all.bytes_items.end(), part.bytes_items.begin(), part.bytes_items.end());
 }
 
 // Rank 0: the metadata of `folder` (merged from every rank's file in the per-rank form) and
@@ -267,9 +275,13 @@ inline DcpContents dcp_contents(const std::filesystem::path& folder) {
   for (const DcpTensorEntry& entry : metadata.tensors) {
     io::StoredTensor tensor{entry.fqn, entry.dtype, entry.size, {}};
     for (const DcpChunk& chunk : entry.chunks)
-      tensor.pieces.push_back(dcp_piece(reader, entry, chunk));
+      tensor.pieces.push_back(dcp_piece(reader, entry, chunk, contents.checksums));
     contents.tensors.emplace(entry.fqn, std::move(tensor));
   }
+  for (const DcpBytesEntry& item : metadata.bytes_items)
+    if (std::find(contents.other_items.begin(), contents.other_items.end(), item.fqn) ==
+        contents.other_items.end())
+      contents.other_items.push_back(item.fqn);  // each rank's metadata may list it
   contents.files = reader.files();
   std::vector<PieceSource> sources;
   for (const DataFile& file : contents.files)
@@ -278,7 +290,8 @@ inline DcpContents dcp_contents(const std::filesystem::path& folder) {
   return contents;
 }
 
-// `contents` as JSON, to broadcast: [[path, size], ...] and [name, dtype, shape, pieces].
+// `contents` as JSON, to broadcast: [[path, size], ...], [name, dtype, shape, pieces], the
+// other items' names and the checksums.
 inline std::string dcp_contents_text(const DcpContents& contents) {
   nlohmann::json files = nlohmann::json::array(), tensors = nlohmann::json::array();
   for (const DataFile& file : contents.files) files.push_back({file.path.string(), file.size});
@@ -288,7 +301,10 @@ inline std::string dcp_contents_text(const DcpContents& contents) {
       pieces.push_back({p.file, p.offsets, p.shape, p.file_offset, p.strides});
     tensors.push_back({name, io::to_string(tensor.dtype), tensor.shape, std::move(pieces)});
   }
-  return nlohmann::json{files, tensors}.dump();
+  nlohmann::json checksums = nlohmann::json::array();
+  for (const io::StoredChecksum& c : contents.checksums)
+    checksums.push_back({c.file, c.offset, c.bytes, c.crc32, c.name});
+  return nlohmann::json{files, tensors, contents.other_items, checksums}.dump();
 }
 
 // What dcp_contents_text wrote (by rank 0 of this very program: trusted).
@@ -301,6 +317,8 @@ inline DcpContents dcp_contents_from_text(const std::string& text) {
     for (const auto& p : t[3]) tensor.pieces.push_back({p[0], p[1], p[2], p[3], p[4]});
     contents.tensors.emplace(tensor.name, std::move(tensor));
   }
+  contents.other_items = json[2].get<std::vector<std::string>>();
+  for (const auto& c : json[3]) contents.checksums.push_back({c[0], c[1], c[2], c[3], c[4]});
   return contents;
 }
 
