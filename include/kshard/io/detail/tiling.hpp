@@ -140,20 +140,24 @@ inline void refuse_gaps(const io::StoredTensor& tensor) {
                    covered, " of its ", total, " elements: a piece is missing");
 }
 
+// Sorts the pieces of `tensor` by offset and refuses a shape past INT64_MAX elements, pieces
+// that overlap and pieces that leave a gap (`sources` names the files in messages).
+inline void tile_tensor(io::StoredTensor& tensor, std::span<const PieceSource> sources) {
+  std::sort(tensor.pieces.begin(), tensor.pieces.end(),
+            [](const io::StoredPiece& a, const io::StoredPiece& b) {
+              return std::tie(a.offsets, a.file) < std::tie(b.offsets, b.file);
+            });
+  element_count(tensor.name, tensor.shape);
+  refuse_overlaps(tensor, sources);
+  refuse_gaps(tensor);
+}
+
 // The stored tensors of `files`, each an exact tiling. Throws kshard::error, naming the files,
 // for sharding info that does not match its file, a tensor whose dtype or rank differs between
 // files, pieces that overlap, and pieces that leave a gap.
 inline std::map<std::string, io::StoredTensor> stored_tensors(std::span<const PieceSource> files) {
   std::map<std::string, io::StoredTensor> tensors = gather_pieces(files);
-  for (auto& [name, tensor] : tensors) {
-    std::sort(tensor.pieces.begin(), tensor.pieces.end(),
-              [](const io::StoredPiece& a, const io::StoredPiece& b) {
-                return std::tie(a.offsets, a.file) < std::tie(b.offsets, b.file);
-              });
-    element_count(name, tensor.shape);  // refuses a global shape past INT64_MAX elements
-    refuse_overlaps(tensor, files);
-    refuse_gaps(tensor);
-  }
+  for (auto& [name, tensor] : tensors) tile_tensor(tensor, files);
   return tensors;
 }
 

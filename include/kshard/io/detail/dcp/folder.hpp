@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -64,41 +63,51 @@ struct DcpContents {
   std::vector<io::StoredChecksum> checksums;  // each piece's storage entry
 };
 
-// Rank 0's reader of the data files: each opened once, its size taken then; reads are bounded
-// by the item they belong to.
+// The size of the open file `fd` (at `path`, for the message).
+inline std::uint64_t open_file_size(int fd, const std::filesystem::path& path) {
+  const off_t end = ::lseek(fd, 0, SEEK_END);
+  if (end < 0) throw_io_error("cannot find the size of '", path.string(), "'");
+  return static_cast<std::uint64_t>(end);
+}
+
+// Rank 0's reader of the data files: each one's size taken when first named, and only the file
+// being read kept open (a DCP saved with single_file_per_rank=False has a file per item, more
+// than a process may hold open; a file's pieces are read one after the other).
 class DcpFileReader {
  public:
   explicit DcpFileReader(std::filesystem::path folder) : folder_(std::move(folder)) {}
 
-  // The index of the data file at `relative` (opened on first use).
+  // The index of the data file at `relative` (opened, and its size taken, on first use).
   std::size_t index_of(const std::string& relative) {
     const auto [it, added] = index_.emplace(relative, files_.size());
     if (added) {
-      const std::filesystem::path path = folder_ / relative;
-      fds_.emplace_back(open_or_throw(path, O_RDONLY | O_CLOEXEC));
-      files_.push_back({path, file_size_of(fds_.back().get(), path)});
+      files_.push_back({folder_ / relative, 0});
+      files_.back().size = open_file_size(fd_of(files_.size() - 1), files_.back().path);
     }
     return it->second;
   }
   // `size` bytes from byte `at` of file `file`.
   std::vector<std::byte> read(std::size_t file, std::uint64_t at, std::uint64_t size) {
     std::vector<std::byte> bytes(static_cast<std::size_t>(size));
-    throw_if(pread_exactly(fds_[file].get(), bytes.data(), size, at, files_[file].path.string()));
+    throw_if(pread_exactly(fd_of(file), bytes.data(), size, at, files_[file].path.string()));
     return bytes;
   }
   [[nodiscard]] const std::vector<DataFile>& files() const { return files_; }
 
  private:
-  static std::uint64_t file_size_of(int fd, const std::filesystem::path& path) {
-    const off_t end = ::lseek(fd, 0, SEEK_END);
-    if (end < 0) throw_io_error("cannot find the size of '", path.string(), "'");
-    return static_cast<std::uint64_t>(end);
+  int fd_of(std::size_t file) {
+    if (!open_ || open_file_ != file) {
+      open_.reset();
+      open_.emplace(open_or_throw(files_[file].path, O_RDONLY | O_CLOEXEC));
+      open_file_ = file;
+    }
+    return open_->get();
   }
-
   std::filesystem::path folder_;
   std::map<std::string, std::size_t> index_;
-  std::deque<ScopedFd> fds_;  // ScopedFd does not move
   std::vector<DataFile> files_;
+  std::optional<ScopedFd> open_;  // the file being read
+  std::size_t open_file_ = 0;
 };
 
 // One item (a torch.save archive) of a data file: where it lies, for reads and messages.
@@ -193,18 +202,12 @@ inline io::StoredPiece dcp_piece(DcpFileReader& reader, const DcpTensorEntry& te
 
 // Refuses pieces of `tensor` outside its shape, then sorts them and refuses overlaps and gaps.
 inline void tile_dcp_tensor(io::StoredTensor& tensor, std::span<const PieceSource> sources) {
-  element_count(tensor.name, tensor.shape);  // refuses a shape past INT64_MAX elements
   for (const io::StoredPiece& piece : tensor.pieces)
     for (std::size_t d = 0; d < piece.shape.size(); ++d)
       if (piece.offsets[d] > tensor.shape[d] - piece.shape[d])
         throw_io_error(".metadata places a chunk ", box_text(piece), " of tensor ",
                        in_quotes(tensor.name), " outside its shape ", io::shape_text(tensor.shape));
-  std::sort(tensor.pieces.begin(), tensor.pieces.end(),
-            [](const io::StoredPiece& a, const io::StoredPiece& b) {
-              return std::tie(a.offsets, a.file) < std::tie(b.offsets, b.file);
-            });
-  refuse_overlaps(tensor, sources);
-  refuse_gaps(tensor);
+  tile_tensor(tensor, sources);
 }
 
 // The metadata files of a DCP folder: `.metadata`, or else the `__<rank>.metadata` each rank
@@ -229,12 +232,12 @@ inline std::vector<std::filesystem::path> dcp_metadata_paths(const std::filesyst
 // The metadata file `path`, parsed (at most dcp_max_metadata_bytes).
 inline DcpMetadata read_dcp_metadata(const std::filesystem::path& path) {
   const ScopedFd fd(open_or_throw(path, O_RDONLY | O_CLOEXEC));
-  const off_t size = ::lseek(fd.get(), 0, SEEK_END);
-  if (size < 0 || static_cast<std::uint64_t>(size) > dcp_max_metadata_bytes)
+  const std::uint64_t size = open_file_size(fd.get(), path);
+  if (size > dcp_max_metadata_bytes)
     throw_io_error("'", path.string(), "' has ", size, " bytes; a .metadata may have at most ",
                    dcp_max_metadata_bytes);
   std::vector<std::byte> bytes(static_cast<std::size_t>(size));
-  throw_if(pread_exactly(fd.get(), bytes.data(), bytes.size(), 0, path.string()));
+  throw_if(pread_exactly(fd.get(), bytes.data(), size, 0, path.string()));
   return parse_dcp_metadata(bytes, path.string());
 }
 
