@@ -15,7 +15,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -157,7 +159,8 @@ TEST(TorchDcpMpi, ReadAsTorchWroteThem) {
     SCOPED_TRACE(name);
     const io::Checkpoint dcp(mesh, dcp_fixtures / name / "checkpoint");
     EXPECT_EQ(dcp.form(), io::CheckpointForm::dcp);
-    std::vector<std::string> items = dcp.other_items();  // the bytes items, as torch saved
+    std::vector<std::string> items;  // the bytes items, as torch saved
+    for (const io::StoredItem& item : dcp.other_items()) items.push_back(item.name);
     std::vector<std::string> saved = json_keys(dcp_fixtures / name / "expected_bytes.json");
     std::sort(items.begin(), items.end());
     std::sort(saved.begin(), saved.end());
@@ -174,6 +177,74 @@ TEST(TorchDcpMpi, ConsolidateAndReshardToTheGroundTruth) {
     expect_converts_to_truth(scratch, name,
                              io::Checkpoint(mesh, dcp_fixtures / name / "checkpoint"),
                              io::Checkpoint(mesh, dcp_fixtures / name / "expected.safetensors"));
+  }
+}
+
+// The bytes of each item of `model` (a DCP folder's bytes items), by name.
+std::map<std::string, std::vector<std::byte>> item_bytes(const io::Checkpoint& model) {
+  std::map<std::string, std::vector<std::byte>> items;
+  for (const io::StoredItem& item : model.other_items()) {
+    const auto image = read_file(model.data_files()[item.file].path);
+    const auto begin = image.begin() + static_cast<std::ptrdiff_t>(item.offset);
+    items[item.name] = {begin, begin + static_cast<std::ptrdiff_t>(item.bytes)};
+  }
+  return items;
+}
+
+// A DCP kshard wrote: the ground truth's tensors, every piece's CRC-32 right, the input's bytes
+// items carried byte for byte.
+void expect_written_dcp(const io::Checkpoint& written, const io::Checkpoint& input,
+                        const io::Checkpoint& truth) {
+  const auto mesh = line();
+  ASSERT_EQ(written.form(), io::CheckpointForm::dcp);
+  expect_stored_as_truth(written, truth);
+  std::size_t pieces = 0;
+  for (const auto& tensor : written.tensor_names()) pieces += written.tensor(tensor).pieces.size();
+  EXPECT_EQ(io::verify_checksums(mesh, written), pieces);
+  EXPECT_EQ(item_bytes(written), item_bytes(input));
+}
+
+// Every DCP written as another job's DCP (3 ranks by rows; 2 x 2 by rows and columns) and copied
+// as stored reads as the ground truth, and consolidates to it.
+TEST(TorchDcpMpi, WriteDcpThatReadsAsTheGroundTruth) {
+  const Scratch scratch;
+  const auto mesh = line();
+  io::ConvertOptions rows, grid, copy;
+  rows.form = grid.form = io::OutputForm::dcp;
+  rows.sharding = {{3}, kshard::parse_layout("Shard(0)"), {}};
+  grid.sharding = {{2, 2}, kshard::parse_layout("Shard(0), Shard(1)"), {}};
+  copy.form = io::OutputForm::as_stored;
+  for (const auto& name : dcp_cases) {
+    SCOPED_TRACE(name);
+    const io::Checkpoint input(mesh, dcp_fixtures / name / "checkpoint");
+    const io::Checkpoint truth(mesh, dcp_fixtures / name / "expected.safetensors");
+    for (const auto& [suffix, options] :
+         {std::pair{"_rows", rows}, std::pair{"_grid", grid}, std::pair{"_copy", copy}}) {
+      SCOPED_TRACE(suffix);
+      const fs::path out = scratch / (name + suffix);
+      io::convert_checkpoint(mesh, input, out, options);
+      const io::Checkpoint written(mesh, out);
+      expect_written_dcp(written, input, truth);
+      io::convert_checkpoint(mesh, written, scratch / (name + suffix + "_hf"), {});
+      expect_same_tensors(io::Checkpoint(mesh, scratch / (name + suffix + "_hf")), truth);
+    }
+  }
+}
+
+// torch's per-rank safetensors shards, written as DCP in their own split, read as the truth.
+TEST(TorchDcpMpi, ShardsWrittenAsDcp) {
+  const Scratch scratch;
+  const auto mesh = line();
+  io::ConvertOptions options;
+  options.form = io::OutputForm::dcp;  // no mesh: the shards' own split
+  for (const auto& name : cases) {
+    SCOPED_TRACE(name);
+    const io::Checkpoint shards(mesh, fixtures / name / "model");
+    io::convert_checkpoint(mesh, shards, scratch / name, options);
+    const io::Checkpoint written(mesh, scratch / name);
+    expect_written_dcp(written, shards,
+                       io::Checkpoint(mesh, fixtures / name / "expected.safetensors"));
+    EXPECT_EQ(written.data_files().size(), shards.data_files().size());
   }
 }
 

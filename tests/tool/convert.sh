@@ -212,6 +212,14 @@ dcp_cases() {
   # The last case's one bytes item (saved by both ranks, named once).
   grep -qF "left out 1 item that is not a tensor (a Hugging Face model and per-rank shards hold tensors only): 'step'" \
     "$dir/stdout.0" || fail "dcp: the item left out is not named: $(head -c 300 "$dir/stdout.0")"
+  # Written as another job's DCP (its bytes items carried), then consolidated: the same tensors.
+  expect dcp_to_dcp 0 "$fixtures/fsdp2_adamw_4rank/checkpoint" dcp_as_dcp --to dcp --mesh 2x2 \
+    --layout "Shard(1), Shard(0)" --quiet &&
+    { grep -qF "left out" "$dir/stdout.0" && fail "dcp_to_dcp: the bytes items were left out"; }
+  expect dcp_to_dcp_to_hf 0 dcp_as_dcp dcp_as_dcp_hf --verify --quiet &&
+    { python3 "$here/check_convert.py" same dcp_as_dcp_hf/model.safetensors \
+      "$fixtures/fsdp2_adamw_4rank/expected.safetensors" >"$dir/check.log" 2>&1 ||
+      fail "dcp_to_dcp_to_hf: $(head -c 600 "$dir/check.log")"; }
   expect dcp_verify 0 "$fixtures/tp_2rank/checkpoint" dcp_verified --verify --quiet &&
     { grep -qF "verified 7 checksum(s)" "$dir/stdout.0" ||
       fail "dcp_verify: $(head -c 300 "$dir/stdout.0")"; }

@@ -18,6 +18,8 @@
 #   - --dry-run where the real run refuses (no healthy rows, a damaged LM head, an LM head of
 #     another shape): exit 1, as the real run;
 #   - options that differ between ranks (an MPMD launch): exit 2 on every rank, no hang;
+#   - a DCP folder (with KSHARD_CONVERT) repaired into DCP, per-rank shards and a consolidated
+#     model, each the same tensors as the safetensors folder's repair;
 #   - generated: every operation (--out, --in-place, --undo, --report) x every path it creates
 #     x every spelling that makes it an input (same text, sub/.., symbolic and hard link): exit
 #     2, rank 0 names the path, no file changed.
@@ -99,6 +101,25 @@ cmp -s ipA/model.safetensors ipA.repaired || fail "undo_copy: the original was r
 cmp -s ipB/model.safetensors ipA.repaired || fail "undo_copy: the copy was changed"
 [ -e ipB/model.safetensors.kshard-undo ] || fail "undo_copy: the copy's undo file is gone"
 expect undo_original 0 ipA --undo
+
+# D17: a PyTorch DCP folder (the sharded case written as the DCP of a 2-rank job by
+# kshard-convert, KSHARD_CONVERT) repairs into a DCP (its own form), per-rank shards and a
+# consolidated model, each consolidating to the very bytes of the safetensors folder's repair.
+if [ -n "${KSHARD_CONVERT:-}" ]; then
+  consolidate() { timeout 120 "$mpiexec" -n "$np" "$KSHARD_CONVERT" "$@" --quiet >/dev/null 2>&1; }
+  consolidate "$cases/sharded" dcp_in --to dcp --mesh 2 || fail "dcp: kshard-convert --to dcp failed"
+  expect dcp_reference 0 "$cases/sharded" --out dcp_reference --to hf
+  expect dcp_repair_as_stored 0 dcp_in --out dcp_out
+  [ -f dcp_out/.metadata ] && [ -f dcp_out/__1_0.distcp ] || fail "dcp_repair_as_stored: not a DCP"
+  expect dcp_repair_sharded 0 dcp_in --out dcp_sharded --to sharded
+  expect dcp_repair_hf 0 dcp_in --out dcp_hf --to hf
+  consolidate dcp_out dcp_out_hf && consolidate dcp_sharded dcp_sharded_hf ||
+    fail "dcp: kshard-convert could not consolidate the repairs"
+  for out in dcp_out_hf dcp_sharded_hf dcp_hf; do
+    cmp -s dcp_reference/model.safetensors "$out/model.safetensors" ||
+      fail "dcp: $out differs from the safetensors folder's repair"
+  done
+fi
 
 # D11: tensors the tool cannot repair are refusals.
 for c in embed_1d embed_3d lm_f16 lm_f64; do

@@ -35,13 +35,14 @@ using kshard_tools::say;
 
 enum ExitCode { written = 0, usage_or_io = 2 };
 
-// Names what the output cannot hold: the items of a DCP folder that are not tensors.
-void say_left_out(const std::vector<std::string>& items) {
-  if (items.empty()) return;
+// Names what the output cannot hold: the items of a DCP folder that are not tensors (a DCP
+// output carries them).
+void say_left_out(const std::vector<kshard::io::StoredItem>& items, kshard::io::OutputForm form) {
+  if (items.empty() || form == kshard::io::OutputForm::dcp) return;
   constexpr std::size_t shown = 8;
   std::string names;
   for (std::size_t i = 0; i < std::min(items.size(), shown); ++i)
-    names += fmt::format("{}'{}'", i == 0 ? "" : ", ", items[i]);
+    names += fmt::format("{}'{}'", i == 0 ? "" : ", ", items[i].name);
   if (items.size() > shown) names += fmt::format(", ... {} more", items.size() - shown);
   say("kshard-convert: left out {} item{} that {} not a tensor (a Hugging Face model and "
       "per-rank shards hold tensors only): {}\n",
@@ -69,7 +70,7 @@ int convert(const kshard::Mesh<1>& world, const Options& options) {
         options.out,
         kshard_tools::throughput(static_cast<std::int64_t>(bytes),
                                  kshard_tools::seconds_since(start)));
-    say_left_out(model.other_items());
+    say_left_out(model.other_items(), settings.form);
     return written;
   } catch (const kshard::error& e) {
     say("kshard-convert: error: {}\n", e.what());

@@ -17,15 +17,16 @@ namespace kshard_convert {
 void define(CLI::App& app, Options& o) {
   app.set_version_flag("--version", fmt::format("kshard-convert {}", KSHARD_VERSION_TEXT));
   app.add_option("IN", o.in,
-                 "a checkpoint: .safetensors file, Hugging Face folder, or a folder "
-                 "of per-rank shards")
+                 "a checkpoint: .safetensors file, Hugging Face folder, a folder "
+                 "of per-rank shards, or a PyTorch DCP folder")
       ->required();
   app.add_option("OUT", o.out, "the new folder to write (must not exist)")->required();
   app.add_option("--to", o.to,
                  "hf: a consolidated Hugging Face model (default); sharded: the "
-                 "per-rank shards a job on --mesh with --layout writes")
-      ->check(CLI::IsMember({"hf", "sharded"}));
-  app.add_option("--mesh", o.mesh, "the job's mesh for --to sharded, e.g. 8 or 2x4");
+                 "per-rank shards a job on --mesh with --layout writes; dcp: the PyTorch DCP "
+                 "folder such a job's dcp.save writes")
+      ->check(CLI::IsMember({"hf", "sharded", "dcp"}));
+  app.add_option("--mesh", o.mesh, "the job's mesh for --to sharded or dcp, e.g. 8 or 2x4");
   app.add_option("--layout", o.layout,
                  "its placements, one per mesh dimension, e.g. \"Shard(0)\" or \"Replicate(), "
                  "Shard(1)\" (default: Shard(0) on every dimension)");
@@ -44,7 +45,7 @@ int parse(CLI::App& app, Options& o, int argc, char** argv, bool print) {
   try {
     app.parse(argc, argv);
     if (o.to == "hf" && (!o.mesh.empty() || !o.layout.empty() || !o.layout_for.empty()))
-      throw CLI::ValidationError("--mesh, --layout and --layout-for", "need --to sharded");
+      throw CLI::ValidationError("--mesh, --layout and --layout-for", "need --to sharded or dcp");
   } catch (const CLI::ParseError& e) {
     if (print) app.exit(e);
     return e.get_exit_code();
@@ -103,7 +104,7 @@ kshard::io::ConvertOptions convert_options(const Options& o) {
   options.max_shard_bytes = parse_size(o.max_shard_size, "--max-shard-size");
   options.buffer_bytes = parse_size(o.buffer_size, "--buffer-size");
   if (o.to == "hf") return options;
-  options.form = kshard::io::OutputForm::sharded;
+  options.form = o.to == "dcp" ? kshard::io::OutputForm::dcp : kshard::io::OutputForm::sharded;
   options.sharding.mesh = o.mesh.empty() ? std::vector<int>{1} : kshard::parse_mesh_shape(o.mesh);
   options.sharding.layout =
       o.layout.empty() ? std::vector<kshard::PlacementSpec>(options.sharding.mesh.size(),

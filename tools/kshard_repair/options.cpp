@@ -12,9 +12,10 @@ void define(CLI::App& app, Options& o) {
                              "write the repaired checkpoint here (a file for a file, a folder "
                              "for a folder)");
   app.add_option("--to", o.to,
-                 "with --out: hf writes a consolidated Hugging Face model (default: the input's "
-                 "form, per-rank shards stay per-rank shards)")
-      ->check(CLI::IsMember({"hf"}))
+                 "with --out: hf writes a consolidated Hugging Face model; sharded per-rank "
+                 "safetensors shards, dcp a PyTorch DCP folder, each with the input's split "
+                 "(default: the input's form)")
+      ->check(CLI::IsMember({"hf", "sharded", "dcp"}))
       ->needs(out);
   auto* in_place = app.add_flag("--in-place", o.in_place,
                                 "write the repaired rows into MODEL (an undo file is kept)");

@@ -111,9 +111,9 @@ kshard::RepairReport repair(const M& input, const std::optional<M>& output,
   }
 }
 
-// Writes the repaired rows: in place, or a new checkpoint: per-rank shards and --to hf through a
-// conversion carrying the rows (every rank writes its share), a Hugging Face checkpoint as it is
-// stored with the rows replaced. Returns the files written.
+// Writes the repaired rows: in place, or a new checkpoint: per-rank shards, DCP and any --to
+// through a conversion carrying the rows (every rank writes its share), a Hugging Face
+// checkpoint as it is stored with the rows replaced. Returns the files written.
 template <std::size_t N, class M>
 std::vector<std::string> write_result(const Options& options, const io::Checkpoint& model,
                                       const kshard::Mesh<N>& mesh, const std::string& embed,
@@ -139,9 +139,12 @@ std::vector<std::string> write_result(const Options& options, const io::Checkpoi
     return {file.path().string()};
   }
   std::vector<std::filesystem::path> paths;
-  if (in_pieces || options.to == "hf") {
-    io::ConvertOptions convert;
-    convert.form = options.to == "hf" ? io::OutputForm::hf : io::OutputForm::as_stored;
+  if (in_pieces || !options.to.empty()) {
+    io::ConvertOptions convert;  // sharded and dcp: no mesh, the input's split
+    convert.form = options.to == "hf"        ? io::OutputForm::hf
+                   : options.to == "sharded" ? io::OutputForm::sharded
+                   : options.to == "dcp"     ? io::OutputForm::dcp
+                                             : io::OutputForm::as_stored;
     paths = io::convert_checkpoint(mesh, model, options.out, convert,
                                    {io::patch_rows(embed, matrix, ids)});
   } else {

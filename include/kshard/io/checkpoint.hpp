@@ -137,9 +137,9 @@ class Checkpoint {
   /// The files its tensors' pieces lie in (`StoredPiece::file` indexes them): its safetensors
   /// files, or a DCP folder's `.distcp` files.
   [[nodiscard]] const std::vector<DataFile>& data_files() const { return data_files_; }
-  /// The names of what it holds beside tensors: a DCP folder's bytes items (optimizer steps,
-  /// learning rates, ...), in `.metadata`'s order; none for safetensors.
-  [[nodiscard]] const std::vector<std::string>& other_items() const { return other_items_; }
+  /// What it holds beside tensors: a DCP folder's bytes items (optimizer steps, learning
+  /// rates, ...), in `.metadata`'s order; none for safetensors.
+  [[nodiscard]] const std::vector<StoredItem>& other_items() const { return other_items_; }
   /// The checksums it records (a DCP folder: each piece's CRC-32), which opening does not check
   /// (`io::verify_checksums` does); none for safetensors.
   [[nodiscard]] const std::vector<StoredChecksum>& checksums() const { return checksums_; }
@@ -310,7 +310,7 @@ class Checkpoint {
   std::vector<SafetensorsFile> files_;
   std::vector<DataFile> data_files_;
   std::map<std::string, StoredTensor> tensors_;
-  std::vector<std::string> other_items_;
+  std::vector<StoredItem> other_items_;
   std::vector<StoredChecksum> checksums_;
 };
 

@@ -46,13 +46,13 @@
 namespace kshard::detail {
 
 // A PyTorch DCP folder is read, not written, by the safetensors writes: its tensors reach a new
-// checkpoint through io::convert_checkpoint.
+// checkpoint (DCP too) through io::convert_checkpoint.
 inline std::optional<std::string> dcp_problem(const io::Checkpoint& model, std::string_view what) {
   if (model.form() != io::CheckpointForm::dcp) return std::nullopt;
   return fmt::format(
-      "kshard::io::{}: '{}' is a PyTorch DCP checkpoint, which kshard does not write yet; "
-      "nothing was written (io::convert_checkpoint writes its tensors as a Hugging Face model "
-      "or as per-rank shards)",
+      "kshard::io::{}: '{}' is a PyTorch DCP checkpoint, which this safetensors write does "
+      "not change; nothing was written (io::convert_checkpoint writes it, with row patches, as "
+      "a new DCP, per-rank shards or a Hugging Face model)",
       what, model.path().string());
 }
 

@@ -2,8 +2,9 @@
 
 /// \file
 /// A checkpoint rewritten in another form, collectively and straight into the final files: a
-/// training job's per-rank shards consolidated into a Hugging Face model, or any checkpoint
-/// resharded into the per-rank shards a job on another mesh would have written.
+/// training job's per-rank shards or DCP consolidated into a Hugging Face model, or any
+/// checkpoint resharded into the per-rank shards or the PyTorch DCP a job on another mesh would
+/// have written.
 ///
 ///     kshard::io::Checkpoint model(mesh, "ckpt/epoch_0_step_1000/model");   // 8 shards
 ///     kshard::io::convert_checkpoint(mesh, model, "hf", {});                 // consolidated
@@ -28,7 +29,13 @@
 /// shards). Per-rank output (`OutputForm::sharded`): for each rank of `sharding.mesh` holding a
 /// first copy of some tensor, `shard-0000{r+1}-model-00001-of-00001.safetensors` with its boxes
 /// and their `DCP_SHARDING_INFO`, which torch's HuggingFaceStorageReader and kshard read; the
-/// files beside the weights go to `.hf_metadata/`. Tensors of every rank and dtype move as bytes.
+/// files beside the weights go to `.hf_metadata/`. DCP output (`OutputForm::dcp`): the same
+/// boxes as `__<r>_0.distcp` files of torch.save archives (one per box, CRC-32 of every entry:
+/// each rank checksums its share, rank 0 combines the CRCs and writes the ZIP records), the
+/// input's bytes items carried after rank 0's archives, and `.metadata` (rank 0), which
+/// `torch.distributed.checkpoint.load` reads at any world size. Per-rank or DCP output without
+/// a mesh keeps the input's split (each data file's pieces in one file); `as_stored` copies a
+/// DCP as DCP. Tensors of every rank and dtype move as bytes.
 
 #include <fcntl.h>
 
@@ -48,6 +55,7 @@
 #include "kshard/io/detail/convert_folder.hpp"
 #include "kshard/io/detail/convert_plan.hpp"
 #include "kshard/io/detail/convert_run.hpp"
+#include "kshard/io/detail/dcp/output.hpp"
 #include "kshard/io/detail/patches.hpp"
 #include "kshard/io/row_patch.hpp"
 #include "kshard/mesh.hpp"
@@ -57,22 +65,21 @@ namespace kshard::detail {
 // The output files of `model` converted with `options` (laid out alike on every rank).
 inline std::vector<OutputFile> plan_conversion(const io::Checkpoint& model,
                                                const io::ConvertOptions& options) {
-  std::vector<const io::StoredTensor*> tensors;
-  for (const auto& name : model.tensor_names()) tensors.push_back(&model.tensor(name));
   switch (options.form) {
-    case io::OutputForm::hf:
+    case io::OutputForm::hf: {
+      std::vector<const io::StoredTensor*> tensors;
+      for (const auto& name : model.tensor_names()) tensors.push_back(&model.tensor(name));
       return plan_hf(tensors, options.max_shard_bytes);
+    }
     case io::OutputForm::sharded:
-      return plan_shards(tensors, options.sharding);
+      return plan_shards(output_split(model, options.sharding));
+    case io::OutputForm::dcp:
+      return plan_dcp(output_split(model, options.sharding), model.other_items());
     case io::OutputForm::as_stored:
       break;
   }
-  if (model.form() == io::CheckpointForm::dcp)
-    throw error(
-        fmt::format("kshard::io: '{}' is a PyTorch DCP checkpoint, which kshard does not "
-                    "write yet; convert it to a Hugging Face model or per-rank shards",
-                    model.path().string()));
-  return plan_as_stored(model);
+  return model.form() == io::CheckpointForm::dcp ? plan_dcp_as_stored(model)
+                                                 : plan_as_stored(model);
 }
 
 // The patch of tensor `name`, or nullptr.
@@ -83,31 +90,36 @@ inline const io::RowPatch* patch_of(const std::vector<io::RowPatch>& patches,
   return nullptr;
 }
 
+// True when `files` hold archives, whose records need the CRC-32 of their tensors' bytes.
+inline bool has_archives(const std::vector<OutputFile>& files) {
+  return std::any_of(files.begin(), files.end(), [](const OutputFile& f) { return f.archives; });
+}
+
 // Every rank writes its share of `files` (in `partial`) from `model`'s files and `patches`, then
-// fsyncs.
-inline void write_shares(const comm::Group& group, const io::Checkpoint& model,
-                         const std::filesystem::path& partial, const std::vector<OutputFile>& files,
-                         const io::ConvertOptions& options,
-                         const std::vector<io::RowPatch>& patches) {
+// fsyncs; returns the CRC-32 of each of its stretches when the files hold archives.
+inline std::vector<std::uint32_t> write_shares(const comm::Group& group,
+                                               const io::Checkpoint& model,
+                                               const std::filesystem::path& partial,
+                                               const std::vector<OutputFile>& files,
+                                               const io::ConvertOptions& options,
+                                               const std::vector<io::RowPatch>& patches) {
   std::vector<std::filesystem::path> sources, outputs;
   for (const auto& file : model.data_files()) sources.push_back(file.path);
-  std::uint64_t total = 0;
-  for (const OutputFile& file : files) {
-    outputs.push_back(partial / file.name);
-    total += file.header.data_size;
-  }
-  ByteMover mover(sources, outputs, options.buffer_bytes);
+  for (const OutputFile& file : files) outputs.push_back(partial / file.name);
+  const std::uint64_t total = tensor_bytes(files);
+  ByteMover mover(sources, outputs, options.buffer_bytes, has_archives(files));
   std::uint64_t done = 0;
   const auto report = [&](std::uint64_t bytes) {
     done += bytes;
     if (group.rank() == 0 && options.progress)
       options.progress(std::min(total, done * static_cast<std::uint64_t>(group.size())), total);
   };
+  std::vector<std::uint32_t> crcs;
   for (const Stretch& stretch : stretches_of(files, group.rank(), group.size()))
-    mover.write(stretch, files[stretch.file], patch_of(patches, stretch.tensor->tensor->name),
-                report);
+    crcs.push_back(mover.write(stretch, patch_of(patches, stretch.tensor->tensor->name), report));
   mover.sync();
   if (group.rank() == 0 && options.progress) options.progress(total, total);  // its share written
+  return crcs;
 }
 
 // Rank 0: the side files, the index, and the folder in place, durably.
@@ -115,6 +127,7 @@ inline void publish_folder(const io::Checkpoint& model, const std::filesystem::p
                            const std::filesystem::path& out, const std::vector<OutputFile>& files,
                            const io::ConvertOptions& options) {
   copy_side_files(model, partial, options.form);
+  if (has_archives(files)) write_dcp_metadata(partial, files);
   if (options.form == io::OutputForm::hf && files.size() > 1) {
     const std::string index = hf_index_text(files);
     const auto path = partial / io::safetensors_index_name;
@@ -162,11 +175,19 @@ std::vector<std::filesystem::path> convert_checkpoint(const Mesh<N>& mesh, const
   bool created = false;  // rank 0 made the temporary folder: its to remove after a failure
   try {
     detail::agree(group, detail::attempt([&] {
-                    if (mesh.my_rank() == 0) detail::create_outputs(partial, files, created);
+                    if (mesh.my_rank() == 0) detail::create_outputs(model, partial, files, created);
                   }));
+    std::vector<std::uint32_t> crcs;
     detail::agree(group, detail::attempt([&] {
-                    detail::write_shares(group, model, partial, files, options, patches);
+                    crcs = detail::write_shares(group, model, partial, files, options, patches);
                   }));
+    if (detail::has_archives(files)) {
+      const auto checksums = detail::gather_checksums(group, files, crcs);
+      detail::agree(group, detail::attempt([&] {
+                      if (mesh.my_rank() == 0)
+                        detail::write_archive_checksums(partial, files, checksums);
+                    }));
+    }
     detail::agree(group, detail::attempt([&] {
                     if (mesh.my_rank() == 0)
                       detail::publish_folder(model, partial, out, files, options);

@@ -1,8 +1,8 @@
 #pragma once
 
 /// \file
-/// What `io::convert_checkpoint` writes: the output's form, and for per-rank shards the mesh and
-/// layouts of the job that would have written them.
+/// What `io::convert_checkpoint` writes: the output's form, and for per-rank shards or DCP the
+/// mesh and layouts of the job that would have written them.
 
 #include <cstdint>
 #include <functional>
@@ -18,16 +18,19 @@ namespace kshard::io {
 enum class OutputForm : std::uint8_t {
   hf,  ///< consolidated Hugging Face: whole tensors, `model.safetensors` or split files + index
   sharded,   ///< per-rank shards, as a job on `ShardingPlan::mesh` writes them
+  dcp,       ///< a PyTorch DCP folder, as `dcp.save` on `ShardingPlan::mesh` writes it
   as_stored  ///< the input's own files and pieces (a copy; with row patches, a repaired copy)
 };
 
-/// How per-rank shards split the tensors: the mesh of the job that would have written them, its
-/// layout (one placement per mesh dimension: `Replicate()`, `Shard(d)` or `StridedShard(d, sf)`;
-/// a placement of a dimension a tensor lacks leaves it replicated), and the layouts of tensors
-/// whose names match a glob pattern (`*q_proj*`), the first match winning, as tensor-parallel
-/// plans give column-wise and row-wise layouts per module.
+/// How per-rank shards (or a DCP) split the tensors: the mesh of the job that would have written
+/// them, its layout (one placement per mesh dimension: `Replicate()`, `Shard(d)` or
+/// `StridedShard(d, sf)`; a placement of a dimension a tensor lacks leaves it replicated), and the
+/// layouts of tensors whose names match a glob pattern (`*q_proj*`), the first match winning, as
+/// tensor-parallel plans give column-wise and row-wise layouts per module.
 struct ShardingPlan {
-  std::vector<int> mesh;              ///< the job's mesh shape (set for OutputForm::sharded)
+  /// The job's mesh shape; empty: the split the input is stored in (each of its data files'
+  /// pieces as a rank's)
+  std::vector<int> mesh;
   std::vector<PlacementSpec> layout;  ///< one placement per mesh dimension
   std::vector<std::pair<std::string, std::vector<PlacementSpec>>> layout_for;  ///< per pattern
 };

@@ -42,6 +42,17 @@ struct StoredChecksum {
   friend bool operator==(const StoredChecksum&, const StoredChecksum&) = default;
 };
 
+/// A value a checkpoint holds beside its tensors (a DCP bytes item: an optimizer step, a learning
+/// rate, pickled by torch), which kshard carries as bytes and never unpickles.
+struct StoredItem {
+  std::string name;          ///< its key in the checkpoint
+  std::size_t file = 0;      ///< the file's position in `Checkpoint::data_files()`
+  std::uint64_t offset = 0;  ///< where its bytes begin in the file
+  std::uint64_t bytes = 0;   ///< how many
+
+  friend bool operator==(const StoredItem&, const StoredItem&) = default;
+};
+
 /// A tensor of a checkpoint: dtype, global shape, and its pieces (an exact tiling: every
 /// element in exactly one piece), sorted by their offsets.
 struct StoredTensor {

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -39,6 +40,8 @@ inline std::string_view form_name(io::OutputForm form) {
       return "hf";
     case io::OutputForm::sharded:
       return "sharded";
+    case io::OutputForm::dcp:
+      return "dcp";
     case io::OutputForm::as_stored:
       break;
   }
@@ -54,7 +57,7 @@ inline std::string options_text(const io::ConvertOptions& o) {
   };
   std::string text = fmt::format("form {}, max shard {} bytes, buffer {} bytes", form_name(o.form),
                                  o.max_shard_bytes, o.buffer_bytes);
-  if (o.form == io::OutputForm::sharded) {
+  if (o.form == io::OutputForm::sharded || o.form == io::OutputForm::dcp) {
     text += fmt::format(", mesh ({}), layout {}", fmt::join(o.sharding.mesh, ", "),
                         layout(o.sharding.layout));
     for (const auto& [pattern, specs] : o.sharding.layout_for)
@@ -86,14 +89,15 @@ inline std::optional<std::string> options_problem(const io::ConvertOptions& o) {
   if (o.buffer_bytes < 4096)
     return fmt::format("kshard::io: the buffer of {} bytes is below the 4096 a conversion needs",
                        o.buffer_bytes);
-  if (o.form != io::OutputForm::sharded) return std::nullopt;
   const auto& mesh = o.sharding.mesh;
+  if ((o.form != io::OutputForm::sharded && o.form != io::OutputForm::dcp) || mesh.empty())
+    return std::nullopt;  // no mesh: the split the input is stored in
   std::int64_t world = 1;
   for (const int extent : mesh)
     if (extent < 1 || (world *= extent) > (1 << 20))
       return fmt::format("kshard::io: the mesh ({}) has an extent below 1 or more than 2^20 ranks",
                          fmt::join(mesh, ", "));
-  if (mesh.empty() || mesh.size() > 8)
+  if (mesh.size() > 8)
     return fmt::format("kshard::io: the mesh ({}) has {} dimensions; 1 to 8 are written",
                        fmt::join(mesh, ", "), mesh.size());
   if (auto problem = layout_problem(o.sharding.layout, mesh.size(), "the layout")) return problem;
@@ -135,10 +139,28 @@ inline std::optional<std::string> output_folder_problem(const std::filesystem::p
   return std::nullopt;
 }
 
+// Copies the bytes of `items` of `model` into `out` (the file at `path`), 1 MiB at a time.
+inline void copy_items(const io::Checkpoint& model, const std::vector<OutputItem>& items, int out,
+                       const std::filesystem::path& path) {
+  std::vector<std::byte> buffer;
+  for (const OutputItem& copy : items) {
+    const DataFile& source = model.data_files()[copy.item->file];
+    const ScopedFd in(open_or_throw(source.path, O_RDONLY | O_CLOEXEC));
+    for (std::uint64_t done = 0; done < copy.item->bytes;) {
+      const std::uint64_t bytes = std::min<std::uint64_t>(copy.item->bytes - done, 1 << 20);
+      buffer.resize(bytes);
+      throw_if(pread_exactly(in.get(), buffer.data(), bytes, copy.item->offset + done,
+                             source.path.string()));
+      pwrite_exactly(out, buffer.data(), bytes, copy.at + done, path);
+      done += bytes;
+    }
+  }
+}
+
 // Rank 0: creates the temporary folder (`created` says it did: its to remove after a failure)
-// and every output file in it at its final size, its header written; throws (for the agreement)
-// on failure.
-inline void create_outputs(const std::filesystem::path& partial,
+// and every output file in it at its final size, its headers (framing) and the items of `model`
+// it carries written; throws (for the agreement) on failure.
+inline void create_outputs(const io::Checkpoint& model, const std::filesystem::path& partial,
                            const std::vector<OutputFile>& files, bool& created) {
   std::error_code ec;
   if (!std::filesystem::create_directory(partial, ec) || ec)
@@ -151,10 +173,10 @@ inline void create_outputs(const std::filesystem::path& partial,
     if (!fd)
       throw error(
           fmt::format("kshard::io: cannot create '{}': {}", path.string(), std::strerror(errno)));
-    const auto header = io::serialize_safetensors_header(file.header);
-    pwrite_exactly(fd.get(), header.data(), header.size(), 0, path);
-    if (::ftruncate(fd.get(),
-                    static_cast<off_t>(file.header.data_offset + file.header.data_size)) != 0)
+    for (const FileBytes& bytes : file.framing)
+      pwrite_exactly(fd.get(), bytes.bytes.data(), bytes.bytes.size(), bytes.at, path);
+    copy_items(model, file.items, fd.get(), path);
+    if (::ftruncate(fd.get(), static_cast<off_t>(file.size)) != 0)
       throw error(
           fmt::format("kshard::io: cannot size '{}': {}", path.string(), std::strerror(errno)));
     fsync_or_throw(fd.get(), path);
@@ -192,8 +214,8 @@ inline void copy_side_files(const io::Checkpoint& model, const std::filesystem::
   std::error_code ec;
   const bool from_shards = model.form() == io::CheckpointForm::per_rank_shards ||
                            model.form() == io::CheckpointForm::dcp;
-  const bool per_rank_out =
-      form == io::OutputForm::sharded || (form == io::OutputForm::as_stored && from_shards);
+  const bool per_rank_out = form == io::OutputForm::sharded || form == io::OutputForm::dcp ||
+                            (form == io::OutputForm::as_stored && from_shards);
   const auto into = per_rank_out ? partial / hf_metadata_folder : partial;
   if (from_shards) {
     const auto metadata = model.path() / hf_metadata_folder;

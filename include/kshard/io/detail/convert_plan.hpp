@@ -9,11 +9,13 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -31,28 +33,59 @@
 
 namespace kshard::detail {
 
-// One tensor of an output file: the box `[offsets, offsets + shape)` of a stored tensor.
+// One tensor of an output file: the box `[offsets, offsets + shape)` of a stored tensor, its
+// bytes (row-major) at `at` of the file.
 struct OutputTensor {
   const io::StoredTensor* tensor = nullptr;
   std::vector<std::int64_t> offsets;
   std::vector<std::int64_t> shape;
+  std::uint64_t at = 0;
+
+  [[nodiscard]] std::uint64_t bytes() const {
+    std::uint64_t elements = 1;
+    for (const std::int64_t extent : shape) elements *= static_cast<std::uint64_t>(extent);
+    return elements * dtype_info(tensor->dtype).size;
+  }
 };
 
-// One output file: its name in the output folder, its header, and its tensors in the order of
-// their bytes (the header's order).
+// Bytes of an output file that are not tensor data (a safetensors header, a DCP item's ZIP
+// records), which rank 0 writes when it creates the file.
+struct FileBytes {
+  std::uint64_t at = 0;
+  std::vector<std::byte> bytes;
+};
+
+// A value of the checkpoint copied as bytes to `at` of an output file (a DCP bytes item).
+struct OutputItem {
+  const io::StoredItem* item = nullptr;
+  std::uint64_t at = 0;
+};
+
+// One output file: its name in the output folder, its size, the bytes rank 0 writes, its
+// tensors in the order of their bytes and the items it carries. `archives`: each tensor is the
+// storage of a torch.save archive, whose ZIP records hold the CRC-32 of its bytes.
 struct OutputFile {
   std::string name;
-  io::SafetensorsHeader header;
+  std::uint64_t size = 0;
+  std::vector<FileBytes> framing;
   std::vector<OutputTensor> tensors;
+  std::vector<OutputItem> items;
+  bool archives = false;
 };
 
-// The file holding `tensors` in that order, with `metadata`.
+// The safetensors file holding `tensors` in that order, with `metadata`.
 inline OutputFile output_file(std::string name, std::vector<OutputTensor> tensors,
                               std::map<std::string, std::string> metadata) {
   std::vector<io::TensorSpec> specs;
   for (const OutputTensor& t : tensors) specs.push_back({t.tensor->name, t.tensor->dtype, t.shape});
-  return {std::move(name), io::make_safetensors_header(specs, std::move(metadata)),
-          std::move(tensors)};
+  const io::SafetensorsHeader header = io::make_safetensors_header(specs, std::move(metadata));
+  for (OutputTensor& t : tensors) t.at = header.data_offset + header.find(t.tensor->name)->begin;
+  return {std::move(name),
+          header.data_offset + header.data_size,
+          {{0, io::serialize_safetensors_header(header)}},
+          std::move(tensors),
+          {},
+          false};
 }
 
 // Consolidated Hugging Face files: whole tensors in `tensors`' order, a new file begun where the
@@ -69,7 +102,7 @@ inline std::vector<OutputFile> plan_hf(const std::vector<const io::StoredTensor*
       bytes = 0;
     }
     groups.back().push_back(
-        {tensor, std::vector<std::int64_t>(tensor->shape.size(), 0), tensor->shape});
+        {tensor, std::vector<std::int64_t>(tensor->shape.size(), 0), tensor->shape, 0});
     bytes += size;
   }
   std::vector<OutputFile> files;
@@ -89,7 +122,7 @@ inline std::string hf_index_text(const std::vector<OutputFile>& files) {
   for (const OutputFile& file : files)
     for (const OutputTensor& t : file.tensors) {
       weight_map[t.tensor->name] = file.name;
-      total += t.tensor->bytes();
+      total += t.bytes();
     }
   index["metadata"] = {{"total_size", total}};
   index["weight_map"] = std::move(weight_map);
@@ -126,7 +159,7 @@ inline std::optional<OutputTensor> rank_box(const io::StoredTensor& tensor,
     const index_t factor = p.kind == PlacementKind::strided_shard ? p.split_factor : 1;
     axis.add_split(AxisSplit::chunked(axis.local_extent(), factor, shape[m], coords[m]));
   }
-  OutputTensor box{&tensor, {}, {}};
+  OutputTensor box{&tensor, {}, {}, 0};
   for (std::size_t d = 0; d < rank; ++d) {
     if (!axes[d].is_contiguous())
       throw_io_error("the layout gives a rank indices of dimension ", d, " of tensor ",
@@ -146,14 +179,16 @@ inline std::map<std::string, std::string> shard_metadata(const std::vector<Outpu
   return {{std::string(sharding_info_key), info.dump()}, {"DCP_VERSION", "1.0"}, {"format", "pt"}};
 }
 
-// Per-rank shards for `plan`: one file per rank of its mesh that holds a first copy of some
-// tensor (`shard-0000{r+1}-model-00001-of-00001.safetensors`, as torch and NeMo AutoModel name
-// them), holding its boxes (empty ones too, as torch writes them) in `tensors`' order.
-inline std::vector<OutputFile> plan_shards(const std::vector<const io::StoredTensor*>& tensors,
-                                           const io::ShardingPlan& plan) {
+// The boxes of each rank of a split, in the order of their bytes: (rank, boxes).
+using RankBoxes = std::vector<std::pair<std::int64_t, std::vector<OutputTensor>>>;
+
+// The boxes each rank of `plan`'s mesh holds a first copy of, in `tensors`' order (empty ones
+// too, as torch saves them), for the ranks holding any.
+inline RankBoxes rank_boxes(const std::vector<const io::StoredTensor*>& tensors,
+                            const io::ShardingPlan& plan) {
   std::int64_t world = 1;
   for (const int extent : plan.mesh) world *= extent;
-  std::vector<OutputFile> files;
+  RankBoxes ranks;
   std::vector<int> coords(plan.mesh.size());
   for (std::int64_t r = 0; r < world; ++r) {
     for (std::size_t m = plan.mesh.size(), rest = static_cast<std::size_t>(r); m-- > 0;) {
@@ -164,10 +199,49 @@ inline std::vector<OutputFile> plan_shards(const std::vector<const io::StoredTen
     for (const io::StoredTensor* tensor : tensors)
       if (auto box = rank_box(*tensor, layout_for(plan, tensor->name), plan.mesh, coords))
         held.push_back(std::move(*box));
+    if (!held.empty()) ranks.emplace_back(r, std::move(held));
+  }
+  return ranks;
+}
+
+// The split `model` is stored in: each data file (as a rank) with its pieces by their place in
+// it (files holding no piece too).
+inline RankBoxes stored_split(const io::Checkpoint& model) {
+  RankBoxes files;
+  for (std::size_t f = 0; f < model.data_files().size(); ++f) {
+    std::vector<std::pair<std::uint64_t, OutputTensor>> placed;
+    for (const auto& name : model.tensor_names())
+      for (const io::StoredPiece& piece : model.tensor(name).pieces)
+        if (piece.file == f)
+          placed.push_back(
+              {piece.file_offset, {&model.tensor(name), piece.offsets, piece.shape, 0}});
+    std::sort(placed.begin(), placed.end(),
+              [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::vector<OutputTensor> boxes;
+    for (auto& [offset, box] : placed) boxes.push_back(std::move(box));
+    files.emplace_back(static_cast<std::int64_t>(f), std::move(boxes));
+  }
+  return files;
+}
+
+// The split of `options` for per-rank output: its mesh's, or without one the stored split.
+inline RankBoxes output_split(const io::Checkpoint& model, const io::ShardingPlan& plan) {
+  if (plan.mesh.empty()) return stored_split(model);
+  std::vector<const io::StoredTensor*> tensors;
+  for (const auto& name : model.tensor_names()) tensors.push_back(&model.tensor(name));
+  return rank_boxes(tensors, plan);
+}
+
+// Per-rank shards of `split`: a file per rank holding boxes
+// (`shard-0000{r+1}-model-00001-of-00001.safetensors`, as torch and NeMo AutoModel name them).
+inline std::vector<OutputFile> plan_shards(RankBoxes split) {
+  std::vector<OutputFile> files;
+  for (auto& [rank, held] : split) {
     if (held.empty()) continue;
     auto metadata = shard_metadata(held);
-    files.push_back(output_file(fmt::format("shard-{:05}-model-00001-of-00001.safetensors", r + 1),
-                                std::move(held), std::move(metadata)));
+    files.push_back(
+        output_file(fmt::format("shard-{:05}-model-00001-of-00001.safetensors", rank + 1),
+                    std::move(held), std::move(metadata)));
   }
   return files;
 }
@@ -183,7 +257,7 @@ inline std::vector<OutputFile> plan_as_stored(const io::Checkpoint& model) {
       if (!model.contains(entry.name)) continue;  // not in the index: not the checkpoint's
       const io::StoredTensor& tensor = model.tensor(entry.name);
       for (const io::StoredPiece& piece : tensor.pieces)
-        if (piece.file == f) held.push_back({&tensor, piece.offsets, piece.shape});
+        if (piece.file == f) held.push_back({&tensor, piece.offsets, piece.shape, 0});
     }
     files.push_back(
         output_file(file.path().filename().string(), std::move(held), file.header().metadata));

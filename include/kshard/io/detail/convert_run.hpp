@@ -28,6 +28,7 @@
 
 #include "kshard/io/detail/box_runs.hpp"
 #include "kshard/io/detail/convert_plan.hpp"
+#include "kshard/io/detail/dcp/zip.hpp"
 #include "kshard/io/detail/paths.hpp"
 #include "kshard/io/detail/posix.hpp"
 #include "kshard/io/io_stats.hpp"
@@ -40,12 +41,11 @@ namespace kshard::detail {
 struct Stretch {
   std::size_t file = 0;
   const OutputTensor* tensor = nullptr;
-  const io::TensorEntry* entry = nullptr;
   std::int64_t begin = 0;
   std::int64_t end = 0;
 };
 
-// The element of a tensor whose bytes are [first, last) in the concatenated data sections where
+// The element of a tensor whose bytes are [first, last) in the concatenated tensor bytes where
 // byte position `at` falls (clamped to the tensor): the share boundaries of all ranks cut each
 // tensor at the same elements, so the shares partition it.
 inline std::int64_t element_at(std::uint64_t at, std::uint64_t first, std::uint64_t last,
@@ -53,11 +53,19 @@ inline std::int64_t element_at(std::uint64_t at, std::uint64_t first, std::uint6
   return static_cast<std::int64_t>((std::clamp(at, first, last) - first) / element_bytes);
 }
 
-// The stretches of rank `rank` of `ranks`: its equal share of the concatenated data sections.
+// The bytes of all tensors of `files`.
+inline std::uint64_t tensor_bytes(const std::vector<OutputFile>& files) {
+  std::uint64_t total = 0;
+  for (const OutputFile& file : files)
+    for (const OutputTensor& tensor : file.tensors) total += tensor.bytes();
+  return total;
+}
+
+// The stretches of rank `rank` of `ranks`: its equal share of the tensors' bytes, concatenated
+// in file order.
 inline std::vector<Stretch> stretches_of(const std::vector<OutputFile>& files, int rank,
                                          int ranks) {
-  std::uint64_t total = 0;
-  for (const OutputFile& file : files) total += file.header.data_size;
+  const std::uint64_t total = tensor_bytes(files);
   // floor(total * r / ranks) without overflow: total = q * ranks + m, m * r < ranks^2.
   const auto boundary = [&](std::uint64_t r) {
     const auto n = static_cast<std::uint64_t>(ranks);
@@ -66,18 +74,16 @@ inline std::vector<Stretch> stretches_of(const std::vector<OutputFile>& files, i
   const std::uint64_t low = boundary(static_cast<std::uint64_t>(rank));
   const std::uint64_t high = boundary(static_cast<std::uint64_t>(rank) + 1);
   std::vector<Stretch> stretches;
-  std::uint64_t base = 0;
-  for (std::size_t f = 0; f < files.size(); ++f) {
+  std::uint64_t first = 0;
+  for (std::size_t f = 0; f < files.size(); ++f)
     for (const OutputTensor& tensor : files[f].tensors) {
-      const io::TensorEntry* entry = files[f].header.find(tensor.tensor->name);
-      const std::uint64_t first = base + entry->begin, last = base + entry->end;
-      const std::uint64_t size = dtype_info(entry->dtype).size;
-      const Stretch stretch{f, &tensor, entry, element_at(low, first, last, size),
+      const std::uint64_t last = first + tensor.bytes();
+      const std::uint64_t size = dtype_info(tensor.tensor->dtype).size;
+      const Stretch stretch{f, &tensor, element_at(low, first, last, size),
                             element_at(high, first, last, size)};
       if (stretch.begin < stretch.end) stretches.push_back(stretch);
+      first = last;
     }
-    base += files[f].header.data_size;
-  }
   return stretches;
 }
 
@@ -126,29 +132,33 @@ inline std::map<std::size_t, std::vector<ByteRun>> fill_runs(const OutputTensor&
 // One rank's byte mover: the checkpoint's files and the output files it opened, and its buffer.
 class ByteMover {
  public:
+  // A mover that also takes the CRC-32 of what it writes when `checksums` is set (it then
+  // passes every byte through its buffer).
   ByteMover(std::vector<std::filesystem::path> sources, std::vector<std::filesystem::path> outputs,
-            std::uint64_t buffer_bytes)
+            std::uint64_t buffer_bytes, bool checksums)
       : sources_(std::move(sources)),
         outputs_(std::move(outputs)),
         in_(sources_.size()),
         out_(outputs_.size()),
-        buffer_bytes_(buffer_bytes) {}
+        buffer_bytes_(buffer_bytes),
+        checksums_(checksums) {}
 
-  // Writes `stretch` of `file`, its rows from `patch` where it has them, calling `done(bytes)`
-  // after each buffer's worth.
-  void write(const Stretch& stretch, const OutputFile& file, const io::RowPatch* patch,
-             const std::function<void(std::uint64_t)>& done) {
-    const std::uint64_t element_bytes = dtype_info(stretch.entry->dtype).size;
+  // Writes `stretch`, its rows from `patch` where it has them, calling `done(bytes)` after each
+  // buffer's worth; returns the CRC-32 of the bytes written (0 when the mover takes none).
+  std::uint32_t write(const Stretch& stretch, const io::RowPatch* patch,
+                      const std::function<void(std::uint64_t)>& done) {
+    const std::uint64_t element_bytes = dtype_info(stretch.tensor->tensor->dtype).size;
     const auto step =
         static_cast<std::int64_t>(std::max<std::uint64_t>(1, buffer_bytes_ / element_bytes));
+    std::uint32_t crc = 0;
     for (std::int64_t a = stretch.begin; a < stretch.end; a += std::min(step, stretch.end - a)) {
       const std::int64_t b = std::min(stretch.end, a + step);
-      const std::uint64_t at = file.header.data_offset + stretch.entry->begin +
-                               static_cast<std::uint64_t>(a) * element_bytes;
+      const std::uint64_t at = stretch.tensor->at + static_cast<std::uint64_t>(a) * element_bytes;
       const std::uint64_t bytes = static_cast<std::uint64_t>(b - a) * element_bytes;
-      move(fill_runs(*stretch.tensor, a, b, patch), stretch.file, at, bytes, patch);
+      crc = move(fill_runs(*stretch.tensor, a, b, patch), stretch.file, at, bytes, patch, crc);
       done(bytes);
     }
+    return crc;
   }
 
   // Every output file this rank wrote is on the storage device.
@@ -158,15 +168,17 @@ class ByteMover {
   }
 
  private:
-  // Fills bytes [at, at + bytes) of output file `file` by `runs` (from the buffer's start).
-  void move(const std::map<std::size_t, std::vector<ByteRun>>& runs, std::size_t file,
-            std::uint64_t at, std::uint64_t bytes, const io::RowPatch* patch) {
+  // Fills bytes [at, at + bytes) of output file `file` by `runs` (from the buffer's start);
+  // returns `crc` continued over them when the mover takes checksums.
+  std::uint32_t move(const std::map<std::size_t, std::vector<ByteRun>>& runs, std::size_t file,
+                     std::uint64_t at, std::uint64_t bytes, const io::RowPatch* patch,
+                     std::uint32_t crc) {
     const int out = output(file);
-    if (runs.size() == 1 && runs.begin()->second.size() == 1) {  // one piece fills it
+    if (!checksums_ && runs.size() == 1 && runs.begin()->second.size() == 1) {  // one piece
       const ByteRun& run = runs.begin()->second.front();
       if (copy_in_kernel(input(runs.begin()->first), run.from, out, at, bytes)) {
         start_writeback(out, at, bytes);
-        return;
+        return crc;
       }
     }
     if (buffer_.size() < bytes) buffer_.resize(bytes);
@@ -179,6 +191,7 @@ class ByteMover {
                                  sources_[source].string()));
     pwrite_exactly(out, buffer_.data(), bytes, at, outputs_[file].string());
     start_writeback(out, at, bytes);
+    return checksums_ ? zip_crc32(std::span(buffer_.data(), bytes), crc) : crc;
   }
   int input(std::size_t file) {
     if (!in_[file]) in_[file].emplace(open_or_throw(sources_[file], O_RDONLY | O_CLOEXEC));
@@ -192,7 +205,8 @@ class ByteMover {
   std::vector<std::filesystem::path> sources_, outputs_;
   std::vector<std::optional<ScopedFd>> in_, out_;
   std::uint64_t buffer_bytes_;
-  std::vector<char> buffer_;
+  bool checksums_;
+  std::vector<std::byte> buffer_;
 };
 
 }  // namespace kshard::detail

@@ -59,7 +59,7 @@ struct DataFile {
 struct DcpContents {
   std::vector<DataFile> files;
   std::map<std::string, io::StoredTensor> tensors;
-  std::vector<std::string> other_items;
+  std::vector<io::StoredItem> other_items;
   std::vector<io::StoredChecksum> checksums;  // each piece's storage entry
 };
 
@@ -281,10 +281,12 @@ inline DcpContents dcp_contents(const std::filesystem::path& folder) {
       tensor.pieces.push_back(dcp_piece(reader, entry, chunk, contents.checksums));
     contents.tensors.emplace(entry.fqn, std::move(tensor));
   }
-  for (const DcpBytesEntry& item : metadata.bytes_items)
-    if (std::find(contents.other_items.begin(), contents.other_items.end(), item.fqn) ==
-        contents.other_items.end())
-      contents.other_items.push_back(item.fqn);  // each rank's metadata may list it
+  for (const DcpBytesEntry& entry : metadata.bytes_items)
+    if (std::none_of(contents.other_items.begin(), contents.other_items.end(),
+                     [&](const io::StoredItem& known) { return known.name == entry.fqn; })) {
+      const DcpItem item = dcp_item(reader, entry.storage, entry.fqn);  // each rank's may list it
+      contents.other_items.push_back({entry.fqn, item.file, item.offset, item.length});
+    }
   contents.files = reader.files();
   std::vector<PieceSource> sources;
   for (const DataFile& file : contents.files)
@@ -294,7 +296,7 @@ inline DcpContents dcp_contents(const std::filesystem::path& folder) {
 }
 
 // `contents` as JSON, to broadcast: [[path, size], ...], [name, dtype, shape, pieces], the
-// other items' names and the checksums.
+// other items and the checksums.
 inline std::string dcp_contents_text(const DcpContents& contents) {
   nlohmann::json files = nlohmann::json::array(), tensors = nlohmann::json::array();
   for (const DataFile& file : contents.files) files.push_back({file.path.string(), file.size});
@@ -307,7 +309,10 @@ inline std::string dcp_contents_text(const DcpContents& contents) {
   nlohmann::json checksums = nlohmann::json::array();
   for (const io::StoredChecksum& c : contents.checksums)
     checksums.push_back({c.file, c.offset, c.bytes, c.crc32, c.name});
-  return nlohmann::json{files, tensors, contents.other_items, checksums}.dump();
+  nlohmann::json items = nlohmann::json::array();
+  for (const io::StoredItem& i : contents.other_items)
+    items.push_back({i.name, i.file, i.offset, i.bytes});
+  return nlohmann::json{files, tensors, items, checksums}.dump();
 }
 
 // What dcp_contents_text wrote (by rank 0 of this very program: trusted).
@@ -320,7 +325,7 @@ inline DcpContents dcp_contents_from_text(const std::string& text) {
     for (const auto& p : t[3]) tensor.pieces.push_back({p[0], p[1], p[2], p[3], p[4]});
     contents.tensors.emplace(tensor.name, std::move(tensor));
   }
-  contents.other_items = json[2].get<std::vector<std::string>>();
+  for (const auto& i : json[2]) contents.other_items.push_back({i[0], i[1], i[2], i[3]});
   for (const auto& c : json[3]) contents.checksums.push_back({c[0], c[1], c[2], c[3], c[4]});
   return contents;
 }
