@@ -1,7 +1,10 @@
 // Checkpoint I/O against the plain POSIX alternative, in the same run: reading an embedding's
-// shards with kshard::io::read_matrix (collective MPI-IO) against a pread loop over the same
-// page-cached bytes, for row and column shards; and the bytes an in-place repair writes.
+// shards with kshard::io::read_into against a pread loop over the same page-cached bytes, for
+// row and column shards, from a safetensors file and from the PyTorch DCP of a 4-rank job
+// holding it (issue 40, item 7); and the bytes an in-place repair writes.
 
+#include <kshard/io/convert.hpp>
+#include <kshard/io/read_checkpoint.hpp>
 #include <kshard/io/safetensors.hpp>
 #include <kshard/kshard.hpp>
 
@@ -10,6 +13,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -48,50 +53,58 @@ fs::path make_checkpoint(index_t rows, index_t cols) {
   return path;
 }
 
+// Where the bytes of global row `r` lie: the file, the offset, and how many rows from it on
+// follow it contiguously there.
+struct RowPlace {
+  int fd = -1;
+  std::uint64_t offset = 0;
+  index_t rows_after = 0;
+};
+
 // The baseline: this rank's shard read with pread, one call per contiguous run of bytes, into
-// a buffer of the shard's size (what a hand-written reader does).
-template <class M>
-void pread_shard(const fs::path& path, std::uint64_t data_offset, const M& matrix,
-                 std::vector<float>& buffer) {
+// a buffer of the shard's size (what a hand-written reader does); `place(r)` says where row r
+// lies.
+template <class M, class Place>
+void pread_shard(const M& matrix, std::vector<float>& buffer, const Place& place) {
   const auto& map = matrix.mapping();
   const index_t cols = map.cols.global_extent();
-  const int fd = ::open(path.c_str(), O_RDONLY);
   float* out = buffer.data();
+  const auto read = [&](const RowPlace& at, std::uint64_t skip, std::size_t count) {
+    const auto bytes = count * sizeof(float);
+    if (::pread(at.fd, out, bytes, static_cast<off_t>(at.offset + skip)) !=
+        static_cast<ssize_t>(bytes))
+      throw kshard::error("bench: short pread");
+    out += count;
+  };
   const auto col_runs = map.cols.runs();
-  for (const kshard::IndexRun& rows : map.rows.runs()) {
-    const bool whole_rows = col_runs.size() == 1 && col_runs[0].size == cols;
-    if (whole_rows) {  // the rows are one contiguous stretch of the file
-      const auto bytes = static_cast<std::size_t>(rows.size * cols) * sizeof(float);
-      if (::pread(fd, out, bytes, static_cast<off_t>(data_offset + rows.global_begin * cols * 4)) !=
-          static_cast<ssize_t>(bytes))
-        throw kshard::error("bench: short pread");
-      out += rows.size * cols;
-      continue;
-    }
-    for (index_t r = rows.global_begin; r < rows.global_end(); ++r)
-      for (const kshard::IndexRun& c : col_runs) {
-        const auto bytes = static_cast<std::size_t>(c.size) * sizeof(float);
-        if (::pread(fd, out, bytes,
-                    static_cast<off_t>(data_offset + (r * cols + c.global_begin) * 4)) !=
-            static_cast<ssize_t>(bytes))
-          throw kshard::error("bench: short pread");
-        out += c.size;
+  const bool whole_rows = col_runs.size() == 1 && col_runs[0].size == cols;
+  for (const kshard::IndexRun& rows : map.rows.runs())
+    for (index_t r = rows.global_begin; r < rows.global_end();) {
+      const RowPlace at = place(r);
+      if (whole_rows) {  // the rows to the end of the run or the piece are one stretch
+        const index_t n = std::min(at.rows_after, rows.global_end() - r);
+        read(at, 0, static_cast<std::size_t>(n * cols));
+        r += n;
+        continue;
       }
-  }
-  ::close(fd);
+      for (const kshard::IndexRun& c : col_runs)
+        read(at, static_cast<std::uint64_t>(c.global_begin) * 4, static_cast<std::size_t>(c.size));
+      ++r;
+    }
 }
 
-template <class L>
+// One read of "embed" into `layout` from `model` by io::read_into against pread_shard, the
+// same bytes landing in each.
+template <class L, class Place>
 void read_case(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, const L& layout,
-               const char* name, const fs::path& path, index_t rows, index_t cols,
-               const kshard::bench::Options& options) {
-  const io::SafetensorsFile file(mesh, path);
-  const auto matrix = io::read_matrix<float>(file, "embed", mesh, layout);
+               const char* name, const io::Checkpoint& model, index_t rows, index_t cols,
+               const kshard::bench::Options& options, const Place& place) {
+  const auto matrix = io::read_matrix<float>(model, "embed", mesh, layout);
   std::vector<float> buffer(static_cast<std::size_t>(matrix.local().span()));
   // Both read into memory they already hold (read_matrix adds the allocation of a fresh shard).
   const auto timed = kshard::bench::time_paired(
-      mesh.comm(), options.repetitions, [&] { io::read_into(file, "embed", matrix); },
-      [&] { pread_shard(path, file.header().data_offset, matrix, buffer); });
+      mesh.comm(), options.repetitions, [&] { io::read_into(model, "embed", matrix); },
+      [&] { pread_shard(matrix, buffer, place); });
   const auto local = matrix.local();
   if (std::memcmp(local.data(), buffer.data(), buffer.size() * sizeof(float)) != 0)
     throw kshard::error("bench: read_matrix and pread disagree");
@@ -99,6 +112,58 @@ void read_case(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, const
                                R"("ratio": {:.4g}, "gbps": {:.4g})",
                                rows, cols, timed.seconds, timed.baseline, timed.ratio,
                                static_cast<double>(rows * cols * 4) / timed.seconds / 1e9));
+}
+
+// The rows and columns cases on `model`, whose rows `place` finds.
+template <class Place>
+void read_cases(kshard::bench::Report& report, const kshard::Mesh<1>& mesh,
+                const io::Checkpoint& model, const std::string& prefix, index_t rows, index_t cols,
+                const kshard::bench::Options& options, const Place& place) {
+  read_case(report, mesh, kshard::Layout(kshard::Shard<0>{}), (prefix + "rows_vs_pread").c_str(),
+            model, rows, cols, options, place);
+  read_case(report, mesh, kshard::Layout(kshard::Shard<1>{}), (prefix + "cols_vs_pread").c_str(),
+            model, rows, cols, options, place);
+}
+
+// The safetensors file at `path` read both ways.
+void file_cases(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, const fs::path& path,
+                index_t rows, index_t cols, const kshard::bench::Options& options) {
+  const io::Checkpoint model(mesh, path);
+  const io::SafetensorsFile& file = model.file_of("embed");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  read_cases(report, mesh, model, "read_", rows, cols, options, [&](index_t r) {
+    return RowPlace{fd, file.header().data_offset + static_cast<std::uint64_t>(r * cols) * 4,
+                    rows - r};
+  });
+  ::close(fd);
+}
+
+// The file at `path` written as the PyTorch DCP of a 4-rank Shard(0) job, read both ways: the
+// baseline preads from each piece's storage in its .distcp file.
+void dcp_cases(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, const fs::path& path,
+               index_t rows, index_t cols, const kshard::bench::Options& options) {
+  const fs::path folder = path.string() + ".dcp";
+  io::ConvertOptions dcp;
+  dcp.form = io::OutputForm::dcp;
+  dcp.sharding.mesh = {4};
+  dcp.sharding.layout = kshard::parse_layout("Shard(0)");
+  io::convert_checkpoint(mesh, io::Checkpoint(mesh, path), folder, dcp);
+  const io::Checkpoint model(mesh, folder);
+  std::vector<int> fds;
+  for (const auto& file : model.data_files())
+    fds.push_back(::open(file.path.c_str(), O_RDONLY | O_CLOEXEC));
+  const auto& pieces = model.tensor("embed").pieces;  // sorted by their first row
+  read_cases(report, mesh, model, "read_dcp_", rows, cols, options, [&](index_t r) {
+    const auto piece = std::find_if(pieces.rbegin(), pieces.rend(),
+                                    [&](const io::StoredPiece& p) { return p.offsets[0] <= r; });
+    const index_t into = r - piece->offsets[0];
+    return RowPlace{fds[piece->file],
+                    piece->file_offset + static_cast<std::uint64_t>(into * cols) * 4,
+                    piece->shape[0] - into};
+  });
+  for (const int fd : fds) ::close(fd);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (mesh.my_rank() == 0) fs::remove_all(folder);
 }
 
 // An in-place write of `count` rows: the bytes every rank writes, summed, must be those rows
@@ -145,10 +210,8 @@ int main(int argc, char** argv) {
         const index_t rows = options.quick ? 4096 : 30522;
         const index_t cols = 384;
         const fs::path path = make_checkpoint(rows, cols);
-        read_case(report, mesh, kshard::Layout(kshard::Shard<0>{}), "read_rows_vs_pread", path,
-                  rows, cols, options);
-        read_case(report, mesh, kshard::Layout(kshard::Shard<1>{}), "read_cols_vs_pread", path,
-                  rows, cols, options);
+        file_cases(report, mesh, path, rows, cols, options);
+        dcp_cases(report, mesh, path, rows, cols, options);
         in_place_case(report, mesh, path, rows, cols, 256);
         MPI_Barrier(MPI_COMM_WORLD);
         if (mesh.my_rank() == 0) fs::remove(path);

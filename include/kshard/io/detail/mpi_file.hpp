@@ -174,14 +174,11 @@ enum class FileAccess { read, write };
 class MpiFile {
  public:
   // Collective over `group`.
-  MpiFile(const comm::Group& group, const std::string& path, FileAccess access) : path_(path) {
-    const int mode = access == FileAccess::read ? MPI_MODE_RDONLY : MPI_MODE_WRONLY;
-    const int rc = MPI_File_open(group.native(), path.c_str(), mode, MPI_INFO_NULL, &file_);
-    if (rc != MPI_SUCCESS) {
-      file_ = MPI_FILE_NULL;
-      throw error(fmt::format("kshard::io: cannot open '{}': {}", path, mpi_error_text(rc)));
-    }
-  }
+  MpiFile(const comm::Group& group, const std::string& path, FileAccess access)
+      : MpiFile(group.native(), path, access) {}
+  // This rank's own handle (over MPI_COMM_SELF): its calls wait on no other rank.
+  MpiFile(const std::string& path, FileAccess access) : MpiFile(MPI_COMM_SELF, path, access) {}
+
   MpiFile(const MpiFile&) = delete;
   MpiFile& operator=(const MpiFile&) = delete;
   ~MpiFile() {
@@ -243,6 +240,14 @@ class MpiFile {
   }
 
  private:
+  MpiFile(MPI_Comm comm, const std::string& path, FileAccess access) : path_(path) {
+    const int mode = access == FileAccess::read ? MPI_MODE_RDONLY : MPI_MODE_WRONLY;
+    const int rc = MPI_File_open(comm, path.c_str(), mode, MPI_INFO_NULL, &file_);
+    if (rc != MPI_SUCCESS) {
+      file_ = MPI_FILE_NULL;
+      throw error(fmt::format("kshard::io: cannot open '{}': {}", path, mpi_error_text(rc)));
+    }
+  }
   // Collective: this rank's view becomes `filetype` at byte `offset`.
   void set_view(std::uint64_t offset, MPI_Datatype filetype) {
     char native[] = "native";

@@ -1,9 +1,11 @@
 #pragma once
 
-// The collective read of a tensor stored in pieces (per-rank shards) into a DistMatrix: each
-// rank holding a first copy reads, from each file, exactly the bytes where a piece of that file
-// meets its shard (one MPI_File_read_at_all per file, through a file view of those runs); the
-// replicas receive their blocks by broadcast.
+// The collective read of a tensor stored in pieces (per-rank shards, DCP) into a DistMatrix:
+// each rank holding a first copy reads, from each file it needs, exactly the bytes where a piece
+// of that file meets its shard (one read per file through a file view of those runs, on its own
+// MPI-IO handle: a checkpoint of a thousand files costs no rank a thousand collective opens);
+// one agreement then gives every rank the same error, and the replicas receive their blocks by
+// broadcast.
 
 #include <Kokkos_Core.hpp>
 
@@ -59,30 +61,25 @@ inline std::vector<ByteRun> runs_from_file(const io::StoredTensor& tensor, std::
   return split_runs(runs, std::uint64_t{1} << 30);
 }
 
-// One collective read of this rank's `runs` of `file` into `data`; every rank throws the same
-// error for a file that cannot be read or is shorter than its header says.
-inline void read_runs(const comm::Group& group, const io::DataFile& file,
-                      const std::vector<ByteRun>& runs, void* data) {
-  ShardTypes types;
-  std::optional<MpiFile> handle;
-  agree(group, attempt([&] {
-          types = byte_run_types(runs);
-          handle.emplace(group, file.path.string(), FileAccess::read);
-        }));
-  agree(group, attempt([&] {
-          handle->read_shard(0, types, data);
-          const std::uint64_t size = handle->size();
-          handle->close();
-          if (size < file.size)
-            throw error(
-                fmt::format("kshard::io: '{}' is {} bytes, shorter than the {} it had when the "
-                            "checkpoint was opened (it changed since)",
-                            file.path.string(), size, file.size));
-        }));
+// This rank's read of its `runs` of `file` into `data`, on a handle of its own:
+// a rank opens only the files it reads, and no rank waits on another's files. Throws for a file
+// that cannot be read or is shorter than when the checkpoint was opened.
+inline void read_runs(const io::DataFile& file, const std::vector<ByteRun>& runs, void* data) {
+  const ShardTypes types = byte_run_types(runs);
+  MpiFile handle(file.path.string(), FileAccess::read);
+  handle.read_shard(0, types, data);
+  const std::uint64_t size = handle.size();
+  handle.close();
+  if (size < file.size)
+    throw error(
+        fmt::format("kshard::io: '{}' is {} bytes, shorter than the {} it had when the "
+                    "checkpoint was opened (it changed since)",
+                    file.path.string(), size, file.size));
 }
 
 // The collective read of `tensor` (pieces in `model`'s files) into `matrix`, whose shape and
-// dtype were agreed on: a read per file holding a piece, then a broadcast per replica group.
+// dtype were agreed on: this rank's read of each file it needs, one agreement, then a broadcast
+// per replica group.
 template <class ExecSpace, class M>
 void read_pieces(const ExecSpace& space, const io::Checkpoint& model,
                  const io::StoredTensor& tensor, const M& matrix) {
@@ -94,9 +91,11 @@ void read_pieces(const ExecSpace& space, const io::Checkpoint& model,
   if (transfers(matrix)) boxes = shard_boxes(matrix.mapping(), element_bytes);
   std::set<std::size_t> files;
   for (const io::StoredPiece& piece : tensor.pieces) files.insert(piece.file);
-  for (const std::size_t f : files)
-    read_runs(mesh.group(), model.data_files()[f], runs_from_file(tensor, f, boxes, element_bytes),
-              host.data());
+  agree(mesh.group(), attempt([&] {  // one agreement for all files: the same error everywhere
+          for (const std::size_t f : files)
+            if (auto runs = runs_from_file(tensor, f, boxes, element_bytes); !runs.empty())
+              read_runs(model.data_files()[f], runs, host.data());
+        }));
   if (auto group = replica_group<typename M::layout_type>(mesh))
     broadcast_bytes(host.data(), host.size() * element_bytes, *group);
   if (host.data() != matrix.local().data()) {
