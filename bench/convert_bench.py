@@ -42,6 +42,11 @@ The repair (issue 39, item 7): the consolidated file with 64 embedding rows zero
 `kshard-repair FILE --out OUT` at 1 and 2 ranks (the untouched bytes moved as the conversion
 moves them), against `cp` of the same file; the output must equal the input but for those rows.
 
+PyTorch DCP (issue 40, item 7): the consolidated checkpoint written as the DCP of a 4-rank
+Shard(0) job by kshard-convert --to dcp, converted to a Hugging Face model by kshard-convert at 1
+and 2 ranks, against `cp -r` of the DCP folder and, with torch, what a torch user runs:
+dcp_to_torch_save, torch.load (mmap) and safetensors' save_file.
+
 The MPI environment is the caller's (scripts/deps.sh's kshard_mpi_environment, or
 OMPI_ALLOW_RUN_AS_ROOT=1 ... for Open MPI as root). Exits 77 (skipped) when this python lacks
 numpy or safetensors, 1 when an output differs from the input or a command fails.
@@ -370,8 +375,8 @@ class Case:
             record["says"] = best["output"].splitlines()[-1]
             # The work itself, as the command times it: kshard-convert's "... in X s (...)" (from
             # reading the checkpoint's headers to the folder published), torch's call.
-            work = re.search(r" in ([0-9.]+) s \(|consolidate_safetensors_files ([0-9.]+) s",
-                             record["says"])
+            work = re.search(r" in ([0-9.]+) s \(|(?:consolidate_safetensors_files|"
+                             r"dcp_to_torch_save \+ save_file) ([0-9.]+) s", record["says"])
             if work:
                 record["work_seconds"] = float(work.group(1) or work.group(2))
         return record
@@ -403,6 +408,26 @@ def torch_consolidate(shards, out, threads, files):
     consolidate_safetensors_files(shards, out, fqn_to_index_mapping=mapping, num_threads=threads)
     done = time.perf_counter()
     print(f"torch: import {imported - start:.3f} s, consolidate_safetensors_files "
+          f"{done - imported:.3f} s")
+
+
+def torch_dcp_to_hf(dcp_dir, out):
+    """Run by --torch-python: what a torch user runs to turn a DCP into a Hugging Face model:
+    dcp_to_torch_save (one torch.save file of the whole state dict), torch.load, then
+    safetensors' save_file. Prints its import and call times."""
+    start = time.perf_counter()
+    import torch
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    imported = time.perf_counter()
+    os.makedirs(out)
+    whole = os.path.join(out, "whole.pt")
+    dcp_to_torch_save(dcp_dir, whole)
+    state = torch.load(whole, weights_only=True, mmap=True)
+    save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    os.remove(whole)
+    done = time.perf_counter()
+    print(f"torch: import {imported - start:.3f} s, dcp_to_torch_save + save_file "
           f"{done - imported:.3f} s")
 
 
@@ -466,6 +491,31 @@ def repair_cases(consolidated, scratch, repair, mpiexec, timer, common, rows=64)
     return cases
 
 
+def dcp_cases(consolidated, scratch, convert, mpiexec, timer, common, torch_python, verify):
+    """Issue 40, item 7: the benchmark checkpoint as the DCP of a 4-rank Shard(0) job (written
+    by kshard-convert --to dcp; torch loads such folders, tests/io/torch_interop.sh), converted
+    to a Hugging Face model at 1 and 2 ranks, beside `cp -r` of the DCP folder and torch's
+    dcp_to_torch_save + save_file."""
+    dcp = os.path.join(scratch, "dcp")
+    timed("kshard-convert --to dcp", mpiexec + ["1", convert, consolidated, dcp, "--to", "dcp",
+                                                "--mesh", "4", "--quiet"])
+    files = [os.path.join(dcp, f) for f in os.listdir(dcp)]
+    subprocess.run(["sh", "-c", 'cat "$@" > /dev/null', "cat"] + files, check=True)
+    fsync_files(dcp)
+    out = os.path.join(scratch, "dcp_out")
+    cases = [Case("cp_dcp", "`cp -r` of the DCP folder", ["cp", "-r", dcp, out], out=out,
+                  **common)]
+    for np_ in (1, 2):
+        cases.append(Case("kshard_convert_dcp_hf", "kshard-convert DCP --to hf",
+                          mpiexec + [str(np_)] + rank_timer(timer) + [convert, dcp, out, "--quiet"],
+                          verify, timer, out, ranks=np_, **common))
+    if torch_python:
+        cases.append(Case("torch_dcp_to_hf", "torch dcp_to_torch_save + save_file",
+                          [torch_python, os.path.abspath(__file__), "_torch-dcp-to-hf", dcp, out],
+                          verify, out=out, threads=1, output_files=1, **common))
+    return cases
+
+
 def table(records):
     def f(x, digits=2):
         return "n/a" if x is None else f"{x:.{digits}f}"
@@ -488,6 +538,8 @@ def main():
         return torch_consolidate(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     if len(sys.argv) > 1 and sys.argv[1] == "_torch-write-shards":
         return torch_write_shards(sys.argv[2], sys.argv[3])
+    if len(sys.argv) > 1 and sys.argv[1] == "_torch-dcp-to-hf":
+        return torch_dcp_to_hf(sys.argv[2], sys.argv[3])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--repeat", type=int, default=3, help="runs per case (best is shown)")
@@ -564,6 +616,8 @@ def main():
                               **common))
         cases += repair_cases(consolidated, scratch, os.path.abspath(args.kshard_repair),
                               mpiexec, timer, common)
+        cases += dcp_cases(consolidated, scratch, convert, mpiexec, timer, common,
+                           args.torch_python, verify)
         if args.torch_python:
             for threads, files in ((1, 1), (2, 2)):
                 cases.append(Case("torch_consolidate", "torch consolidate_safetensors_files",
@@ -576,9 +630,11 @@ def main():
             for case in cases:
                 case.run(out, i == 0, prefault_bytes)
         records = [case.record() for case in cases]
-        floors = {r["case"]: r for r in records if r["case"] in ("cp", "cp_file")}
+        floors = {r["case"]: r for r in records if r["case"] in ("cp", "cp_file", "cp_dcp")}
+        floor_of = {"cp_file": "cp_file", "kshard_repair_out": "cp_file", "cp_dcp": "cp_dcp",
+                    "kshard_convert_dcp_hf": "cp_dcp", "torch_dcp_to_hf": "cp_dcp"}
         for r in records:
-            cp = floors["cp_file" if r["case"] in ("cp_file", "kshard_repair_out") else "cp"]
+            cp = floors[floor_of.get(r["case"], "cp")]
             r["gbps"] = data_bytes / r["seconds"] / 1e9
             r["durable_gbps"] = data_bytes / r["durable_seconds"] / 1e9
             r["speed_vs_cp"] = cp["seconds"] / r["seconds"]
@@ -595,7 +651,7 @@ def main():
     report = [f"### kshard-convert, {args.size}: {data_bytes / 1e9:.2f} GB of BF16 in 4 per-rank "
               f"shards (Shard(0)), page-cached, best of {args.repeat} rounds\n"]
     report.append(f"Shards written by {writer}. GB/s: tensor bytes / wall time. x cp: cp's time / the "
-          f"case's (for kshard-repair --out, cp of the damaged file). + fsync: fsync of the output after the command (kshard-convert fsyncs "
+          f"case's (for kshard-repair --out, cp of the damaged file; for the DCP cases, cp -r of the DCP folder). + fsync: fsync of the output after the command (kshard-convert fsyncs "
           f"before it exits; cp and torch do not); durable x cp: with it. Peak RSS: the largest "
           f"process (the largest rank under mpiexec). Work s: the conversion as the command "
           f"times it itself (kshard-convert's own report, torch's call without the interpreter "
