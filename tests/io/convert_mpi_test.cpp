@@ -229,6 +229,34 @@ TEST(ConvertMpi, PatchesShardsInPlaceAndUndoes) {
   expect_shard_files(scratch / "model", tensors);
 }
 
+// A tensor written as the DCP of a 300-rank job (more data files than a conversion keeps open)
+// and the job's shards, both consolidated back to the very bytes of the file it came from; DCP
+// output takes the same options' refusals.
+TEST(ConvertMpi, WritesADcpOfManyFilesAndBack) {
+  const Scratch scratch;
+  const auto mesh = line();
+  const std::vector<io::TensorSpec> specs{{"table", io::Dtype::U8, {600, 3}}};
+  std::vector<std::byte> image =
+      io::serialize_safetensors_header(io::make_safetensors_header(specs, {{"format", "pt"}}));
+  for (int i = 0; i < 600 * 3; ++i) image.push_back(static_cast<std::byte>(i * 37 + i / 251));
+  write_file(scratch / "table.safetensors", image);
+  io::ConvertOptions dcp;
+  dcp.form = io::OutputForm::dcp;
+  dcp.sharding = plan({300}, "Shard(0)");
+  io::convert_checkpoint(mesh, io::Checkpoint(mesh, scratch / "table.safetensors"), scratch / "dcp",
+                         dcp);
+  const io::Checkpoint many(mesh, scratch / "dcp");
+  EXPECT_EQ(many.data_files().size(), 300u);
+  EXPECT_EQ(many.tensor("table").pieces.size(), 300u);
+  const auto written = io::convert_checkpoint(mesh, many, scratch / "hf", {});
+  EXPECT_TRUE(all_ranks(read_file(written.at(0)) == image));
+  dcp.sharding = plan({2}, "Partial(sum)");
+  const std::string message =
+      collective_error([&] { io::convert_checkpoint(mesh, many, scratch / "partial", dcp); });
+  EXPECT_NE(message.find("the layout holds Partial(sum)"), std::string::npos) << message;
+  EXPECT_TRUE(all_ranks(!fs::exists(scratch / "partial.kshard-partial")));
+}
+
 TEST(ConvertMpi, RefusesAlikeAndWritesNothing) {
   const Scratch scratch;
   const JobCheckpoint job;

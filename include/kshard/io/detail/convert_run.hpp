@@ -129,6 +129,41 @@ inline std::map<std::size_t, std::vector<ByteRun>> fill_runs(const OutputTensor&
   return runs;
 }
 
+// Files opened on first use and kept open, at most `max_open` at a time: past it, the open
+// ones are closed first, each fsynced first when the files are written (a DCP saved with a
+// file per item, or written for a large job, has more files than a process may hold open).
+class OpenFiles {
+ public:
+  OpenFiles(std::vector<std::filesystem::path> paths, int flags)
+      : paths_(std::move(paths)), fds_(paths_.size()), flags_(flags) {}
+
+  // The descriptor of file `i`.
+  int operator[](std::size_t i) {
+    if (!fds_[i]) {
+      if (open_.size() == max_open) close_all();
+      fds_[i].emplace(open_or_throw(paths_[i], flags_ | O_CLOEXEC));
+      open_.push_back(i);
+    }
+    return fds_[i]->get();
+  }
+  [[nodiscard]] const std::filesystem::path& path(std::size_t i) const { return paths_[i]; }
+  // Every file written through this is on the storage device (written files only).
+  void close_all() {
+    for (const std::size_t i : open_) {
+      if ((flags_ & O_ACCMODE) != O_RDONLY) fsync_or_throw(fds_[i]->get(), paths_[i]);
+      fds_[i].reset();
+    }
+    open_.clear();
+  }
+
+ private:
+  static constexpr std::size_t max_open = 64;
+  std::vector<std::filesystem::path> paths_;
+  std::vector<std::optional<ScopedFd>> fds_;
+  std::vector<std::size_t> open_;
+  int flags_;
+};
+
 // One rank's byte mover: the checkpoint's files and the output files it opened, and its buffer.
 class ByteMover {
  public:
@@ -136,10 +171,8 @@ class ByteMover {
   // passes every byte through its buffer).
   ByteMover(std::vector<std::filesystem::path> sources, std::vector<std::filesystem::path> outputs,
             std::uint64_t buffer_bytes, bool checksums)
-      : sources_(std::move(sources)),
-        outputs_(std::move(outputs)),
-        in_(sources_.size()),
-        out_(outputs_.size()),
+      : in_(std::move(sources), O_RDONLY),
+        out_(std::move(outputs), O_WRONLY),
         buffer_bytes_(buffer_bytes),
         checksums_(checksums) {}
 
@@ -162,10 +195,7 @@ class ByteMover {
   }
 
   // Every output file this rank wrote is on the storage device.
-  void sync() {
-    for (std::size_t f = 0; f < out_.size(); ++f)
-      if (out_[f]) fsync_or_throw(out_[f]->get(), outputs_[f]);
-  }
+  void sync() { out_.close_all(); }
 
  private:
   // Fills bytes [at, at + bytes) of output file `file` by `runs` (from the buffer's start);
@@ -173,10 +203,10 @@ class ByteMover {
   std::uint32_t move(const std::map<std::size_t, std::vector<ByteRun>>& runs, std::size_t file,
                      std::uint64_t at, std::uint64_t bytes, const io::RowPatch* patch,
                      std::uint32_t crc) {
-    const int out = output(file);
+    const int out = out_[file];
     if (!checksums_ && runs.size() == 1 && runs.begin()->second.size() == 1) {  // one piece
       const ByteRun& run = runs.begin()->second.front();
-      if (copy_in_kernel(input(runs.begin()->first), run.from, out, at, bytes)) {
+      if (copy_in_kernel(in_[runs.begin()->first], run.from, out, at, bytes)) {
         start_writeback(out, at, bytes);
         return crc;
       }
@@ -187,23 +217,13 @@ class ByteMover {
         if (source == patch_source)
           std::memcpy(buffer_.data() + run.to, patch->bytes.data() + run.from, run.bytes);
         else
-          throw_if(pread_exactly(input(source), buffer_.data() + run.to, run.bytes, run.from,
-                                 sources_[source].string()));
-    pwrite_exactly(out, buffer_.data(), bytes, at, outputs_[file].string());
+          throw_if(pread_exactly(in_[source], buffer_.data() + run.to, run.bytes, run.from,
+                                 in_.path(source).string()));
+    pwrite_exactly(out, buffer_.data(), bytes, at, out_.path(file).string());
     start_writeback(out, at, bytes);
     return checksums_ ? zip_crc32(std::span(buffer_.data(), bytes), crc) : crc;
   }
-  int input(std::size_t file) {
-    if (!in_[file]) in_[file].emplace(open_or_throw(sources_[file], O_RDONLY | O_CLOEXEC));
-    return in_[file]->get();
-  }
-  int output(std::size_t file) {
-    if (!out_[file]) out_[file].emplace(open_or_throw(outputs_[file], O_WRONLY | O_CLOEXEC));
-    return out_[file]->get();
-  }
-
-  std::vector<std::filesystem::path> sources_, outputs_;
-  std::vector<std::optional<ScopedFd>> in_, out_;
+  OpenFiles in_, out_;
   std::uint64_t buffer_bytes_;
   bool checksums_;
   std::vector<std::byte> buffer_;
