@@ -50,6 +50,7 @@ struct StoredItem {
   std::uint64_t offset = 0;  ///< where its bytes begin in the file
   std::uint64_t bytes = 0;   ///< how many
 
+  /// Equal when every field is.
   friend bool operator==(const StoredItem&, const StoredItem&) = default;
 };
 
