@@ -42,9 +42,7 @@ struct OutputTensor {
   std::uint64_t at = 0;
 
   [[nodiscard]] std::uint64_t bytes() const {
-    std::uint64_t elements = 1;
-    for (const std::int64_t extent : shape) elements *= static_cast<std::uint64_t>(extent);
-    return elements * dtype_info(tensor->dtype).size;
+    return byte_count(tensor->name, tensor->dtype, shape);
   }
 };
 
