@@ -329,6 +329,30 @@ std::vector<Case> read_checkpoint_cases(const Files& files) {
                      {files_unchanged(files)})};
 }
 
+// Rows read from a checkpoint: the matrix changed by the generator, then the checkpoint, the
+// name and the rows, each differing on one rank.
+std::vector<Case> read_rows_cases(const Files& files) {
+  const io::Checkpoint model(meshes().usual, files.checkpoint);
+  const io::Checkpoint copy(meshes().usual, files.copy);
+  auto cases = matrix_cases<float, double>(
+      weight_argument(), [model](const auto& m) { io::read_rows_into(model, "weight", m, {1}); },
+      {"but the matrix holds", "has shape"});
+  const auto m = Distribute{}(Type<float>{}, meshes().usual, Layout(Replicate{}, Shard<0>{}), 6, 4);
+  cases.push_back(
+      value_case("checkpoint", "the checkpoint path differs",
+                 [=](bool here) { io::read_rows_into(here ? copy : model, "weight", m, {1}); },
+                 {watch_copy(m)}));
+  cases.push_back(or_finding(
+      value_case("name", "the tensor name differs",
+                 [=](bool here) { io::read_rows_into(model, here ? "twin" : "weight", m, {1}); },
+                 {watch_copy(m)}),
+      "has shape [2, 2], but the matrix is 6 x 4"));
+  cases.push_back(value_case(
+      "rows", "the rows of 'weight' to read differs",
+      [=](bool here) { io::read_rows_into(model, "weight", m, {here ? 2 : 1}); }, {watch_copy(m)}));
+  return cases;
+}
+
 std::vector<EntryPoint> entry_points(const Files& files) {
   const auto with = [&files](auto cases) { return [&files, cases] { return cases(files); }; };
   return {{"io::SafetensorsFile", Kind::agreed, with(open_cases)},
@@ -336,6 +360,7 @@ std::vector<EntryPoint> entry_points(const Files& files) {
           {"io::read_matrix", Kind::agreed, with(read_matrix_cases)},
           {"io::read_matrix", Kind::agreed, with(read_checkpoint_cases)},
           {"io::read_into", Kind::agreed, with(read_into_cases)},
+          {"io::read_rows_into", Kind::agreed, with(read_rows_cases)},
           {"io::write_safetensors", Kind::agreed, with(write_cases)},
           {"io::write_rows_in_place", Kind::agreed, with(in_place_cases)},
           {"io::undo_in_place", Kind::agreed, with(undo_cases)},

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -92,6 +93,28 @@ inline std::int64_t folder_digest(const fs::path& folder) {
   }
   MPI_Bcast(&digest, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
   return digest;
+}
+
+// True on this rank when rows `ids` of `matrix` hold those of the row-major tensor `full` of
+// `cols` columns and every other element is still zero bits.
+template <class M>
+bool holds_only_rows(const M& matrix, const std::vector<std::byte>& full, std::int64_t cols,
+                     const std::vector<index_t>& ids) {
+  using T = typename M::value_type;
+  const auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
+  const auto& map = matrix.mapping();
+  const std::vector<std::byte> zero(sizeof(T));
+  bool same = true;
+  for (index_t i = 0; i < map.rows.local_extent(); ++i) {
+    const index_t id = map.rows.to_global(i);
+    const bool chosen = std::find(ids.begin(), ids.end(), id) != ids.end();
+    for (index_t j = 0; j < map.cols.local_extent(); ++j) {
+      const auto at = static_cast<std::size_t>(id * cols + map.cols.to_global(j)) * sizeof(T);
+      same = same &&
+             std::memcmp(&local(i, j), chosen ? full.data() + at : zero.data(), sizeof(T)) == 0;
+    }
+  }
+  return same;
 }
 
 template <class T>

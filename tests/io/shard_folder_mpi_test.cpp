@@ -2,7 +2,8 @@
 // by DCP_SHARDING_INFO) read at any rank count into every layout of one and two mesh dimensions:
 // pieces cut here by torch.chunk's arithmetic (written out, not kshard's mapping) from a serial
 // reference, each rank's shard compared bit for bit and its bytes read counted; the forms of a
-// checkpoint recognised by their contents; and folders that lie refused alike on every rank.
+// checkpoint recognised by their contents; chosen rows read alone (io::read_rows_into) from
+// the shards and the consolidated file; and folders that lie refused alike on every rank.
 
 #include <gtest/gtest.h>
 
@@ -87,6 +88,72 @@ TEST(ShardFolderMpi, ReadsAJobsShardsIntoEveryLayout) {
           read_and_check<double>(model, "grid", job.tensors.at("grid"), mesh, layout);
         });
   }
+}
+
+// Reads rows `ids` of `name` into a zero matrix of `layout` on `mesh`: those rows hold the
+// tensor's, every other element is still zero, and each rank read its columns of the rows it
+// holds and nothing else.
+template <class T, std::size_t N, class L>
+void read_rows_and_check(const io::Checkpoint& model, const std::string& name, const Tensor& full,
+                         const kshard::Mesh<N>& mesh, const L& layout,
+                         const std::vector<index_t>& ids) {
+  SCOPED_TRACE(fmt::format("rows [{}] of {} on mesh ({}), layout {}", fmt::join(ids, ", "), name,
+                           fmt::join(mesh.shape(), ", "), layout));
+  const kshard::DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, full.shape[0],
+                                                             full.shape[1], name);
+  io::reset_io_stats();
+  io::read_rows_into(ExecSpace{}, model, name, matrix, ids);
+  EXPECT_TRUE(kshard::test::all_ranks(holds_only_rows(matrix, full.bytes, full.shape[1], ids)));
+  const auto& map = matrix.mapping();
+  std::int64_t held = 0;  // distinct chosen rows this rank holds
+  for (index_t i = 0; i < map.rows.local_extent(); ++i)
+    held += std::find(ids.begin(), ids.end(), map.rows.to_global(i)) != ids.end() ? 1 : 0;
+  EXPECT_EQ(io::io_stats().bytes_read,
+            held * map.cols.local_extent() * static_cast<std::int64_t>(sizeof(T)));
+}
+
+TEST(ShardFolderMpi, ReadsChosenRowsIntoEveryLayout) {
+  const Scratch scratch;
+  const JobCheckpoint job;
+  job.write(scratch / "model");
+  write_file(scratch / "model.safetensors", consolidated_file(job.tensors));
+  const kshard::Mesh<1> line(MPI_COMM_WORLD, {kshard::test::world_size()});
+  std::uint64_t seed = 391;
+  for (const fs::path& path : {scratch / "model", scratch / "model.safetensors"}) {
+    const io::Checkpoint model(line, path);
+    for (const auto& shape : kshard::test::mesh_shapes<2>(kshard::test::world_size())) {
+      const kshard::Mesh<2> mesh(MPI_COMM_WORLD, shape);
+      kshard::test::for_each_layout(
+          seed,
+          [&](const auto& layout) {
+            read_rows_and_check<float>(model, "embed", job.tensors.at("embed"), line, layout,
+                                       {36, 9, 10, 0, 9});
+            read_rows_and_check<float>(model, "proj", job.tensors.at("proj"), line, layout, {});
+          },
+          [&](const auto& layout) {
+            read_rows_and_check<double>(model, "grid", job.tensors.at("grid"), mesh, layout,
+                                        {3, 6});
+          });
+    }
+  }
+  const io::Checkpoint model(line, scratch / "model");
+  kshard::DistMatrix<float, kshard::Layout<kshard::Shard<0>>, ExecSpace, MemSpace> matrix(
+      line, {}, 37, 8, "embed");
+  const std::uint64_t before = kshard::test::checksum(matrix);
+  const std::string outside = collective_error([&] {
+    io::read_rows_into(model, "embed", matrix, {3, 37});
+  });
+  EXPECT_NE(outside.find("row id 37 of 'embed' is outside [0, 37)"), std::string::npos) << outside;
+  if (kshard::test::world_size() > 1) {
+    const std::string differ = collective_error([&] {
+      io::read_rows_into(model, "embed", matrix, {kshard::test::world_rank() == 0 ? 1 : 2});
+    });
+    EXPECT_NE(differ.find("the rows of 'embed' to read differs"), std::string::npos) << differ;
+  }
+  const std::string shape =
+      collective_error([&] { io::read_rows_into(model, "proj", matrix, {1}); });
+  EXPECT_NE(shape.find("has shape [9, 10], but the matrix is 37 x 8"), std::string::npos) << shape;
+  EXPECT_EQ(kshard::test::checksum(matrix), before);  // refused: nothing read
 }
 
 TEST(ShardFolderMpi, ReadsIntoAnExistingMatrix) {

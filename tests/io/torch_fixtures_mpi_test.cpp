@@ -5,8 +5,8 @@
 // `.metadata` at pickle protocols 2 to 5; see their READMEs), read at every rank count of the io
 // suite and compared bit for bit with the ground truth torch's tensors were saved as
 // (expected.safetensors, written by the safetensors package): the tensors' shapes and dtypes,
-// 2-D tensors read into several layouts, the checkpoint consolidated, and resharded for another
-// mesh and consolidated again.
+// 2-D tensors read into several layouts (whole, and a few rows alone), the checkpoint
+// consolidated, and resharded for another mesh and consolidated again.
 
 #include <gtest/gtest.h>
 
@@ -68,6 +68,18 @@ void expect_same_tensors(const io::Checkpoint& converted, const io::Checkpoint& 
   }
 }
 
+// Reads the first, middle and last rows of tensor `name` (of `shape`, `bytes` the ground
+// truth's) alone into a zero matrix of `layout` and compares them with the ground truth.
+template <class T, class L>
+void expect_reads_rows(const io::Checkpoint& stored, const std::string& name, const L& layout,
+                       const std::vector<std::byte>& bytes,
+                       const std::vector<std::int64_t>& shape) {
+  const std::vector<index_t> ids{shape[0] - 1, shape[0] / 2, 0};
+  const kshard::DistMatrix<T, L, ExecSpace, MemSpace> matrix(line(), layout, shape[0], shape[1]);
+  io::read_rows_into(stored, name, matrix, ids);
+  EXPECT_TRUE(all_ranks(holds_only_rows(matrix, bytes, shape[1], ids))) << "rows of " << name;
+}
+
 // Reads every 2-D tensor of element type T into `layout` and compares each rank's shard with
 // the ground truth.
 template <class T, class L>
@@ -89,6 +101,7 @@ void expect_reads(const io::Checkpoint& shards, const io::Checkpoint& truth, con
         same = same && std::memcmp(&local(i, j), bytes.data() + at, sizeof(T)) == 0;
       }
     EXPECT_TRUE(all_ranks(same));
+    expect_reads_rows<T>(shards, name, layout, bytes, t.shape);
   }
 }
 

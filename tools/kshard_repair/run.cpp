@@ -195,6 +195,29 @@ void say_found(const Options& options, const kshard::RepairReport& report) {
         report.relative_row_ids.size(), id_list(report.relative_row_ids));
 }
 
+// The LM head as the repair reads it: its rows at the damaged rows of `input` (found first,
+// as the repair finds them), in a matrix of its stored shape left unfilled elsewhere. The repair
+// reads no other row of it, so on a host those pages are never touched: the memory and the
+// time of a second embedding-sized read are saved (a shape that differs from the input's reads
+// nothing; the repair refuses it).
+template <class M>
+M lm_head_rows(const io::Checkpoint& model, const std::string& lm_head, const M& input,
+               const kshard::RepairConfig& config, const kshard::RepairNames& names) {
+  const std::vector<std::int64_t>& shape = model.tensor(lm_head).shape;
+  M output(input.mesh(), input.layout(), shape[0], shape[1], kshard::unfilled, lm_head);
+  std::vector<index_t> ids;
+  if (output.rows() == input.rows() && output.cols() == input.cols()) {
+    try {
+      if (const auto found = kshard::find_damaged_rows(input, config, names))
+        ids = found->repaired_row_ids;
+    } catch (const kshard::error& e) {
+      throw Failure{refused, e.what()};
+    }
+  }
+  io::read_rows_into(model, lm_head, output, ids);
+  return output;
+}
+
 // The whole job for one element type, mesh and layout: read, repair, write, report.
 template <class T, std::size_t N, class L>
 int run_repair(const Options& options, const io::Checkpoint& model, const kshard::Mesh<N>& mesh,
@@ -202,16 +225,17 @@ int run_repair(const Options& options, const io::Checkpoint& model, const kshard
                const std::optional<std::string>& lm_head) {
   const auto start = std::chrono::steady_clock::now();
   io::reset_io_stats();
+  const auto config = repair_config(options, model, lm_head.has_value());
+  const kshard::RepairNames names{embed, lm_head.value_or("lm_head")};
   const auto input = io::read_matrix<T>(model, embed, mesh, layout);
   std::optional<std::remove_cv_t<decltype(input)>> output;
-  if (lm_head) output.emplace(io::read_matrix<T>(model, *lm_head, mesh, layout));
-  say("read {} on {} rank(s): {}\n", lm_head ? "both embeddings" : "the embedding", mesh.size(),
+  if (lm_head) output.emplace(lm_head_rows(model, *lm_head, input, config, names));
+  say("read {} on {} rank(s): {}\n",
+      lm_head ? "the embedding and the LM head's damaged rows" : "the embedding", mesh.size(),
       throughput(total_bytes(mesh.group(), io::io_stats().bytes_read), seconds_since(start)));
   nlohmann::json json;
   if (!options.report.empty()) json = run_json(options, model, mesh, layout, embed, lm_head);
-  const kshard::RepairReport report =
-      repair(input, output, repair_config(options, model, lm_head.has_value()),
-             kshard::RepairNames{embed, lm_head.value_or("lm_head")});
+  const kshard::RepairReport report = repair(input, output, config, names);
   say_found(options, report);
   const std::vector<index_t>& ids = report.repaired_row_ids;
   std::vector<double> after;

@@ -17,9 +17,12 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -123,6 +126,41 @@ void read_into(const ExecSpace& space, const Checkpoint& model, std::string_view
 template <ValuedMatrix M>
 void read_into(const Checkpoint& model, std::string_view name, const M& matrix) {
   read_into(typename M::execution_space{}, model, name, matrix);
+}
+
+/// Reads rows `ids` (any order, repeats ignored) of tensor `name` of `model` into the same rows
+/// of the existing `matrix`, leaving its other rows as they are: what a repair needs of an LM
+/// head, whose other rows it never reads (a matrix allocated `kshard::unfilled` and filled only
+/// there costs no memory traffic beyond those rows). Collective over its mesh; every rank
+/// throws the same `kshard::error`, with `matrix` unchanged, for the refusals of `read_into`,
+/// ids that differ between ranks and an id outside [0, rows). Cost: each rank holding one of
+/// the rows reads its columns of it (one read per file whose pieces meet them, on its own
+/// handle), one agreement; memory: those rows on the host. Copies to device memory run on
+/// `space`.
+template <class ExecSpace, ValuedMatrix M>
+requires detail::ExecutionSpaceFor<ExecSpace, M>
+void read_rows_into(const ExecSpace& space, const Checkpoint& model, std::string_view name,
+                    const M& matrix, std::vector<index_t> ids) {
+  using T = typename M::value_type;
+  const detail::Operation operation("io::read_rows_into");
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  detail::Agreement agreement(matrix.mesh().group());
+  detail::same_text(agreement, "the tensor name", std::string(name));
+  detail::same_text(agreement, "the checkpoint path", model.path().string());
+  detail::same_matrix(agreement, matrix, "the matrix");
+  detail::same_row_ids(agreement, "to read", name, ids, matrix.rows());
+  agreement.problem(detail::stored_matrix_problem<T>(model, name, matrix.rows(), matrix.cols()));
+  agreement.settle();
+  detail::read_rows(space, model, model.tensor(name), matrix, ids);
+}
+
+/// `read_rows_into(space, model, name, matrix, ids)` on a default instance of the matrix's
+/// execution space.
+template <ValuedMatrix M>
+void read_rows_into(const Checkpoint& model, std::string_view name, const M& matrix,
+                    std::vector<index_t> ids) {
+  read_rows_into(typename M::execution_space{}, model, name, matrix, std::move(ids));
 }
 
 }  // namespace kshard::io

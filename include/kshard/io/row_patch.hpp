@@ -25,7 +25,6 @@
 #include <fmt/format.h>
 
 #include "kshard/comm/agreement.hpp"
-#include "kshard/detail/digest.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/io/detail/collective.hpp"
@@ -61,14 +60,7 @@ requires detail::ExecutionSpaceFor<ExecSpace, M> RowPatch patch_rows(const ExecS
   detail::Agreement agreement(matrix.mesh().group());
   detail::same_text(agreement, "the tensor name", name);
   detail::same_matrix(agreement, matrix, "the matrix");
-  detail::Digest digest;
-  for (const index_t id : ids) digest.add(id);
-  agreement.same(fmt::format("the rows of {} to patch", detail::in_quotes(name)), digest.value(),
-                 [](std::int64_t) { return std::string(); });
-  if (!ids.empty() && (ids.front() < 0 || ids.back() >= matrix.rows()))
-    agreement.problem(fmt::format("kshard::io: row id {} of {} is outside [0, {})",
-                                  ids.front() < 0 ? ids.front() : ids.back(),
-                                  detail::in_quotes(name), matrix.rows()));
+  detail::same_row_ids(agreement, "to patch", name, ids, matrix.rows());
   agreement.settle();
   RowPatch patch{std::move(name), dtype_of<T>(), matrix.rows(), matrix.cols(), std::move(ids), {}};
   const std::size_t row_bytes = static_cast<std::size_t>(patch.cols) * sizeof(T);

@@ -1,8 +1,9 @@
 #pragma once
 
 // The collective steps kshard::io builds on: an error of one rank made a problem for the next
-// agreement (attempt), bytes broadcast in pieces MPI counts can hold, and the part of a matrix
-// each rank transfers (its first copies only, as datatypes and, for a write, packed bytes).
+// agreement (attempt), row ids agreed on, bytes broadcast in pieces MPI counts can hold, and the
+// part of a matrix each rank transfers (its first copies only, as datatypes and, for a write,
+// packed bytes).
 
 #include <algorithm>
 #include <cstddef>
@@ -11,11 +12,17 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "kshard/comm/agreement.hpp"
 #include "kshard/comm/group.hpp"
+#include "kshard/detail/digest.hpp"
 #include "kshard/index.hpp"
 #include "kshard/io/detail/mpi_file.hpp"
+#include "kshard/io/safetensors_header.hpp"
 #include "kshard/kernels/copies.hpp"
 
 namespace kshard::detail {
@@ -45,6 +52,20 @@ inline void broadcast_text(std::string& text, const comm::Group& group) {
   group.bcast(&size, 1, 0);
   text.resize(static_cast<std::size_t>(size));
   broadcast_bytes(text.data(), text.size(), group);
+}
+
+// Row ids `ids` (sorted, unique) of tensor `name`, `what` is done to them: the same on every
+// rank, and each in [0, rows).
+inline void same_row_ids(Agreement& agreement, std::string_view what, std::string_view name,
+                         const std::vector<index_t>& ids, index_t rows) {
+  Digest digest;
+  for (const index_t id : ids) digest.add(id);
+  agreement.same(fmt::format("the rows of {} {}", in_quotes(name), what), digest.value(),
+                 [](std::int64_t) { return std::string(); });
+  if (!ids.empty() && (ids.front() < 0 || ids.back() >= rows))
+    agreement.problem(fmt::format("kshard::io: row id {} of {} is outside [0, {})",
+                                  ids.front() < 0 ? ids.front() : ids.back(), in_quotes(name),
+                                  rows));
 }
 
 // True where this rank holds the first copy of its block: the ranks that read or write it.

@@ -5,7 +5,8 @@
 // of that file meets its shard (one read per file through a file view of those runs, on its own
 // MPI-IO handle: a checkpoint of a thousand files costs no rank a thousand collective opens);
 // one agreement then gives every rank the same error, and the replicas receive their blocks by
-// broadcast.
+// broadcast. And the read of a few rows (io::read_rows_into): each rank holding one reads its
+// columns of it, from the pieces it meets, in whatever form the checkpoint stores it.
 
 #include <Kokkos_Core.hpp>
 
@@ -102,6 +103,55 @@ void read_pieces(const ExecSpace& space, const io::Checkpoint& model,
     Kokkos::deep_copy(space, matrix.local(), host);
     fence(space, "kshard::io: the shard is read (its host copy is freed)");
   }
+}
+
+// The boxes of rows `held` (global ids) of this rank's shard of `mapping`, its columns of row
+// `held[k]` at row k of a row-major `held.size() x` local-columns buffer.
+template <std::size_t N>
+std::vector<BoxStorage> row_boxes(const LayoutMapping<N>& mapping, const std::vector<index_t>& held,
+                                  std::uint64_t element_bytes) {
+  std::vector<BoxStorage> boxes;
+  const index_t width = mapping.cols.local_extent();
+  const std::vector<IndexRun> col_runs = mapping.cols.runs();
+  for (std::size_t k = 0; k < held.size(); ++k)
+    for (const IndexRun& cols : col_runs)
+      boxes.push_back(
+          {{held[k], cols.global_begin},
+           {1, cols.size},
+           {width, 1},
+           (k * static_cast<std::uint64_t>(width) + static_cast<std::uint64_t>(cols.local_begin)) *
+               element_bytes});
+  return boxes;
+}
+
+// Reads rows `ids` (sorted, unique, agreed on) of `tensor` into the same rows of `matrix`, whose
+// shape and dtype were agreed on, leaving its other rows untouched: every rank holding a row
+// (replicas too: the rows are few) reads its columns of it from each file whose pieces meet it,
+// on its own handle; one agreement.
+template <class ExecSpace, class M>
+void read_rows(const ExecSpace& space, const io::Checkpoint& model, const io::StoredTensor& tensor,
+               const M& matrix, const std::vector<index_t>& ids) {
+  using T = typename M::value_type;
+  const auto& map = matrix.mapping();
+  std::vector<index_t> held;  // global ids, then their local rows
+  for (const index_t id : ids)
+    if (map.rows.to_local(id) != invalid_index) held.push_back(id);
+  const std::vector<BoxStorage> boxes = row_boxes(map, held, sizeof(T));
+  Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace> rows(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::io::rows"), held.size(),
+      static_cast<std::size_t>(map.cols.local_extent()));
+  std::set<std::size_t> files;
+  for (const io::StoredPiece& piece : tensor.pieces) files.insert(piece.file);
+  agree(matrix.mesh().group(), attempt([&] {
+          for (const std::size_t f : files)
+            if (auto runs = runs_from_file(tensor, f, boxes, sizeof(T)); !runs.empty())
+              read_runs(model.data_files()[f], runs, rows.data());
+        }));
+  for (std::size_t k = 0; k < held.size(); ++k)
+    Kokkos::deep_copy(space,
+                      Kokkos::subview(matrix.local(), map.rows.to_local(held[k]), Kokkos::ALL),
+                      Kokkos::subview(rows, k, Kokkos::ALL));
+  fence(space, "kshard::io: the rows are read (their host copy is freed)");
 }
 
 }  // namespace kshard::detail
