@@ -406,22 +406,31 @@ CONVERT_NOTES = """
 Issue 39's targets: kshard-convert at one rank >= 0.8 x `cp` of the same bytes, faster at two,
 and the same for `kshard-repair --out`; peak memory per rank bounded whatever the checkpoint's
 size. **Memory: met** for the conversion (about 80 MiB per rank, the 64 MiB buffer; torch's
-consolidation holds whole tensors: 2.8-3.6 GiB); the repair holds the embedding and the LM head
-it repairs from (2 GiB at one rank, half at two; NeMo's load-repair-save: 10.7 GiB). **Time:
-missed** on this 2-core VM, whose runs vary by 2x from one round to the next (cp -r: 0.67-1.25 s
-over two runs): 0.2-0.55 x `cp` at one rank, 0.4 x at two (0.84 x against `cp` plus its fsync).
-Where the time goes (strace at one rank): about 0.45 s is `mpiexec` starting a process (`mpiexec
--n 1 kshard-convert --version` alone); the copy itself takes about what cp's takes (whole pieces
-through copy_file_range, others through the buffer); kshard fsyncs every file before it
-publishes the folder, which cp does not (the "durable" column compares both durably written).
-The repair at one rank (Release build, page-cached): reading both embeddings 1.1 s (allocating
-their 2 GiB without a fill: it was 2.3 s with the fill), the repair 0.2 s, writing the 2.2 GB
-file 1.0 s (the untouched bytes by copy_file_range at each rank's share, the rows over them).
+consolidation holds whole tensors: 2.8-3.6 GiB); the repair holds the embedding's shard it
+repairs (1 GiB at one rank, half at two; NeMo's load-repair-save: 10.7 GiB): the LM head is read
+at the damaged rows only (`io::read_rows_into`; it held both embeddings, 2 GiB, before).
+**Time: met against `cp` written as durably as kshard writes, missed against `cp` alone**, on
+this 2-core VM whose runs vary by 1.5-2 x from one round to the next (cp -r: 0.61-1.02 s in this
+run): 0.8 x durable `cp` at one rank (0.36 x `cp` alone). kshard fsyncs every file before it
+publishes the folder (the issue's publish-whole rule), which cp does not: the fsync of these
+2.2 GB alone takes 0.6-0.8 s here, more than the 0.2 x of `cp` the target leaves. The
+conversion's own work (1.4 s at one rank) is what cp and its fsync take together (whole pieces
+through copy_file_range as cp does, each buffer's writeback started at once); the rest is the
+process start: MPI_Init took 0.3 s until Open MPI was told to skip its UCX probe
+(OMPI_MCA_pml=ob1, set by scripts/deps.sh's kshard_mpi_environment as for the CI's other
+stages: 0.12 s since). At two ranks, the two processes share these 2 cores and one disk: the
+conversion is not faster there (the repair is: 1.5 s against 2.0 s, each rank reading half the
+embedding). The repair at one rank: reading the embedding's 1 GiB into fresh memory 0.6-0.7 s
+(a page fault per 4 KiB on this VM, whose balloon returns freed memory to the host: 0.1 s for
+the same read into memory already faulted in), writing the 2.2 GB file durably 0.8-0.9 s (the
+tool's own report), the rest (opening, finding the rows twice, the repair, the norms after, the
+process start) about 0.4 s.
 
 Issue 40's PyTorch DCP (item 7): the same checkpoint as the DCP of a 4-rank Shard(0) job,
-converted to a Hugging Face model by kshard-convert at 1.35 s (1 rank; 0.92 x `cp -r` of the DCP
-folder durably, 80 MiB per rank) against 8.2 s and 2.9 GiB for what a torch user runs
-(`dcp_to_torch_save`, `torch.load`, `save_file`): 6 x faster in a 35th of the memory. Reading a
+converted to a Hugging Face model by kshard-convert at 1.35-1.7 s (1 rank; 0.73-0.92 x `cp -r` of
+the DCP folder durably, over two runs; 80 MiB per rank) against 7.2-8.2 s and 2.9 GiB for what a
+torch user runs (`dcp_to_torch_save`, `torch.load`, `save_file`): 4-6 x faster in a 35th of the
+memory. Reading a
 tensor of a DCP into rows or columns runs at 0.99-1.5 x the speed of a pread loop over the same
 pieces' bytes (the io rows of the targets above; rows at 2 ranks were 0.54 x before each rank
 read only the files it needs, on its own MPI-IO handle, with one agreement for all of them).
