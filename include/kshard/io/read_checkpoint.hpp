@@ -80,13 +80,8 @@ read_matrix(const ExecSpace& space, const Checkpoint& model, std::string_view na
                 "kshard::io::read_matrix: a Partial layout holds addends, not values; read "
                 "into Replicate or Shard and redistribute");
   const detail::Operation operation("io::read_matrix");
-  detail::Agreement agreement(mesh.group());
-  detail::same_text(agreement, "the tensor name", std::string(name));
-  detail::same_text(agreement, "the checkpoint path", model.path().string());
-  agreement.same("the element type", detail::type_code<T>(), detail::render_type);
-  detail::same_layout(agreement, layout, "the matrix");
-  detail::same_mesh(agreement, "the mesh of the matrix", mesh);
-  agreement.problem(detail::stored_matrix_problem<T>(model, name)).settle();
+  detail::agree_on_new_matrix<T>(mesh, layout, name, "the checkpoint path", model.path().string(),
+                                 detail::stored_matrix_problem<T>(model, name));
 
   const StoredTensor& tensor = model.tensor(name);
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, tensor.shape[0], tensor.shape[1],
@@ -113,9 +108,7 @@ void read_into(const ExecSpace& space, const Checkpoint& model, std::string_view
   using T = typename M::value_type;
   const detail::Operation operation("io::read_into");
   detail::Agreement agreement(matrix.mesh().group());
-  detail::same_text(agreement, "the tensor name", std::string(name));
-  detail::same_text(agreement, "the checkpoint path", model.path().string());
-  detail::same_matrix(agreement, matrix, "the matrix");
+  detail::same_read_into(agreement, matrix, name, "the checkpoint path", model.path().string());
   agreement.problem(detail::stored_matrix_problem<T>(model, name, matrix.rows(), matrix.cols()));
   agreement.settle();
   detail::read_stored(space, model, model.tensor(name), matrix);
@@ -146,9 +139,7 @@ void read_rows_into(const ExecSpace& space, const Checkpoint& model, std::string
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   detail::Agreement agreement(matrix.mesh().group());
-  detail::same_text(agreement, "the tensor name", std::string(name));
-  detail::same_text(agreement, "the checkpoint path", model.path().string());
-  detail::same_matrix(agreement, matrix, "the matrix");
+  detail::same_read_into(agreement, matrix, name, "the checkpoint path", model.path().string());
   detail::same_row_ids(agreement, "to read", name, ids, matrix.rows());
   agreement.problem(detail::stored_matrix_problem<T>(model, name, matrix.rows(), matrix.cols()));
   agreement.settle();

@@ -83,13 +83,8 @@ read_matrix(const ExecSpace& space, const SafetensorsFile& file, std::string_vie
                 "kshard::io::read_matrix: a Partial layout holds addends, not values; read "
                 "into Replicate or Shard and redistribute");
   const detail::Operation operation("io::read_matrix");
-  detail::Agreement agreement(mesh.group());
-  detail::same_text(agreement, "the tensor name", std::string(name));
-  detail::same_text(agreement, "the file path", file.path().string());
-  agreement.same("the element type", detail::type_code<T>(), detail::render_type);
-  detail::same_layout(agreement, layout, "the matrix");
-  detail::same_mesh(agreement, "the mesh of the matrix", mesh);
-  agreement.problem(detail::matrix_problem<T>(file, name)).settle();
+  detail::agree_on_new_matrix<T>(mesh, layout, name, "the file path", file.path().string(),
+                                 detail::matrix_problem<T>(file, name));
 
   const TensorEntry& entry = *file.header().find(name);
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, entry.shape[0], entry.shape[1],
@@ -120,9 +115,7 @@ void read_into(const ExecSpace& space, const SafetensorsFile& file, std::string_
   using T = typename M::value_type;
   const detail::Operation operation("io::read_into");
   detail::Agreement agreement(matrix.mesh().group());
-  detail::same_text(agreement, "the tensor name", std::string(name));
-  detail::same_text(agreement, "the file path", file.path().string());
-  detail::same_matrix(agreement, matrix, "the matrix");
+  detail::same_read_into(agreement, matrix, name, "the file path", file.path().string());
   agreement.problem(detail::matrix_problem<T>(file, name, matrix.rows(), matrix.cols()));
   agreement.settle();
   detail::read_shard(space, file, *file.header().find(name), matrix);

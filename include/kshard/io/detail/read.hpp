@@ -1,6 +1,7 @@
 #pragma once
 
-// The collective read of a tensor into a DistMatrix (io::read_matrix, io::read_into): the first
+// The collective read of a tensor into a DistMatrix (io::read_matrix, io::read_into), from the
+// agreement every such read starts with (agree_on_new_matrix, same_read_into): the first
 // copies read their blocks through file views of their shards, the replicas receive them by
 // broadcast; a layout that splits columns is read as blocks of whole rows and redistributed.
 
@@ -59,6 +60,33 @@ std::optional<std::string> matrix_problem(const io::SafetensorsFile& file, std::
   if (entry == nullptr)
     return fmt::format("kshard::io: {} has no tensor {}", where, in_quotes(name));
   return shape_problem<T>(name, where, entry->dtype, entry->shape, rows, cols);
+}
+
+// Settles the agreement of a read of tensor `name` from the file or checkpoint at `path` (`what`
+// names it: "the file path") into a new matrix of T in `layout` on `mesh`, with this rank's
+// `problem` with the stored tensor.
+template <class T, std::size_t N, class L>
+void agree_on_new_matrix(const Mesh<N>& mesh, const L& layout, std::string_view name,
+                         std::string what, const std::string& path,
+                         std::optional<std::string> problem) {
+  Agreement agreement(mesh.group());
+  same_text(agreement, "the tensor name", std::string(name));
+  same_text(agreement, std::move(what), path);
+  agreement.same("the element type", type_code<T>(), render_type);
+  same_layout(agreement, layout, "the matrix");
+  same_mesh(agreement, "the mesh of the matrix", mesh);
+  agreement.problem(std::move(problem)).settle();
+}
+
+// The agreement of a read of tensor `name` from the file or checkpoint at `path` into the
+// existing `matrix`: the name, the path and the matrix the same on every rank (the caller adds
+// its own values and settles it).
+template <class M>
+void same_read_into(Agreement& agreement, const M& matrix, std::string_view name, std::string what,
+                    const std::string& path) {
+  same_text(agreement, "the tensor name", std::string(name));
+  same_text(agreement, std::move(what), path);
+  same_matrix(agreement, matrix, "the matrix");
 }
 
 // The mesh dimensions layout L replicates over, in increasing order.
