@@ -95,11 +95,11 @@ inline std::int64_t folder_digest(const fs::path& folder) {
   return digest;
 }
 
-// True on this rank when rows `ids` of `matrix` hold those of the row-major tensor `full` of
-// `cols` columns and every other element is still zero bits.
-template <class M>
-bool holds_only_rows(const M& matrix, const std::vector<std::byte>& full, std::int64_t cols,
-                     const std::vector<index_t>& ids) {
+// True on this rank when the rows of `matrix` that `chosen(id)` picks hold those of the
+// row-major tensor `full` of `cols` columns and every other element is still zero bits.
+template <class M, class Chosen>
+bool holds_rows(const M& matrix, const std::vector<std::byte>& full, std::int64_t cols,
+                Chosen&& chosen) {
   using T = typename M::value_type;
   const auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
   const auto& map = matrix.mapping();
@@ -107,14 +107,31 @@ bool holds_only_rows(const M& matrix, const std::vector<std::byte>& full, std::i
   bool same = true;
   for (index_t i = 0; i < map.rows.local_extent(); ++i) {
     const index_t id = map.rows.to_global(i);
-    const bool chosen = std::find(ids.begin(), ids.end(), id) != ids.end();
+    const bool picked = chosen(id);
     for (index_t j = 0; j < map.cols.local_extent(); ++j) {
       const auto at = static_cast<std::size_t>(id * cols + map.cols.to_global(j)) * sizeof(T);
       same = same &&
-             std::memcmp(&local(i, j), chosen ? full.data() + at : zero.data(), sizeof(T)) == 0;
+             std::memcmp(&local(i, j), picked ? full.data() + at : zero.data(), sizeof(T)) == 0;
     }
   }
   return same;
+}
+
+// True on this rank when `matrix` holds the row-major tensor `full` of `cols` columns where its
+// mapping says.
+template <class M>
+bool holds_all(const M& matrix, const std::vector<std::byte>& full, std::int64_t cols) {
+  return holds_rows(matrix, full, cols, [](index_t) { return true; });
+}
+
+// True on this rank when rows `ids` of `matrix` hold those of `full` (as `holds_rows`) and
+// every other element is still zero bits.
+template <class M>
+bool holds_only_rows(const M& matrix, const std::vector<std::byte>& full, std::int64_t cols,
+                     const std::vector<index_t>& ids) {
+  return holds_rows(matrix, full, cols, [&ids](index_t id) {
+    return std::find(ids.begin(), ids.end(), id) != ids.end();
+  });
 }
 
 template <class T>

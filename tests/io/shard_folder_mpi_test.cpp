@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -31,21 +30,6 @@ namespace {
 using namespace kshard_io_mpi_test;  // fs, io, index_t, ExecSpace, MemSpace and the helpers
 using kshard::test::collective_error;
 
-// Whether `matrix` holds the elements of `full` (a whole 2-D tensor) where its mapping says.
-template <class M>
-void expect_holds(const M& matrix, const Tensor& full) {
-  using T = typename M::value_type;
-  const auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
-  const auto& map = matrix.mapping();
-  bool same = true;
-  for (index_t i = 0; i < map.rows.local_extent(); ++i)
-    for (index_t j = 0; j < map.cols.local_extent(); ++j) {
-      const auto at = (map.rows.to_global(i) * full.shape[1] + map.cols.to_global(j)) * sizeof(T);
-      same = same && std::memcmp(&local(i, j), full.bytes.data() + at, sizeof(T)) == 0;
-    }
-  EXPECT_TRUE(kshard::test::all_ranks(same));
-}
-
 // Reads `name` into `layout` on `mesh`: the values, and the bytes read: each first copy reads
 // its block once, the tensor's bytes in all.
 template <class T, std::size_t N, class L>
@@ -55,7 +39,7 @@ void read_and_check(const io::Checkpoint& model, const std::string& name, const 
       fmt::format("{} on mesh ({}), layout {}", name, fmt::join(mesh.shape(), ", "), layout));
   io::reset_io_stats();
   const auto matrix = io::read_matrix<T, ExecSpace, MemSpace>(model, name, mesh, layout);
-  expect_holds(matrix, full);
+  EXPECT_TRUE(kshard::test::all_ranks(holds_all(matrix, full.bytes, full.shape[1])));
   std::int64_t read = io::io_stats().bytes_read;
   const bool first = L::is_first_copy(mesh.coords(), {0, 1});
   EXPECT_EQ(read, first ? matrix.mapping().local_size() * std::int64_t{sizeof(T)} : 0);
@@ -165,7 +149,8 @@ TEST(ShardFolderMpi, ReadsIntoAnExistingMatrix) {
   kshard::DistMatrix<float, kshard::Layout<kshard::Shard<1>, kshard::Shard<0>>, ExecSpace, MemSpace>
       matrix(mesh, {}, 37, 8, "embed");
   io::read_into(ExecSpace{}, model, "embed", matrix);
-  expect_holds(matrix, job.tensors.at("embed"));
+  const Tensor& embed = job.tensors.at("embed");
+  EXPECT_TRUE(kshard::test::all_ranks(holds_all(matrix, embed.bytes, embed.shape[1])));
   const std::string wrong = collective_error([&] { io::read_into(model, "proj", matrix); });
   EXPECT_NE(wrong.find("tensor 'proj' of '" + (scratch / "model").string() +
                        "' has shape [9, 10], but the matrix is 37 x 8"),

@@ -11,7 +11,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -91,16 +90,8 @@ void expect_reads(const io::Checkpoint& shards, const io::Checkpoint& truth, con
     if (t.shape.size() != 2 || t.dtype != io::dtype_of<T>()) continue;
     SCOPED_TRACE(fmt::format("{} as {}", name, layout));
     const auto matrix = io::read_matrix<T, ExecSpace, MemSpace>(shards, name, mesh, layout);
-    const auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
     const auto bytes = tensor_bytes(truth, truth_image, name);
-    const auto& map = matrix.mapping();
-    bool same = true;
-    for (index_t i = 0; i < map.rows.local_extent(); ++i)
-      for (index_t j = 0; j < map.cols.local_extent(); ++j) {
-        const auto at = (map.rows.to_global(i) * t.shape[1] + map.cols.to_global(j)) * sizeof(T);
-        same = same && std::memcmp(&local(i, j), bytes.data() + at, sizeof(T)) == 0;
-      }
-    EXPECT_TRUE(all_ranks(same));
+    EXPECT_TRUE(all_ranks(holds_all(matrix, bytes, t.shape[1])));
     expect_reads_rows<T>(shards, name, layout, bytes, t.shape);
   }
 }

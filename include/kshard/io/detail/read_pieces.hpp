@@ -133,9 +133,12 @@ void read_rows(const ExecSpace& space, const io::Checkpoint& model, const io::St
                const M& matrix, const std::vector<index_t>& ids) {
   using T = typename M::value_type;
   const auto& map = matrix.mapping();
-  std::vector<index_t> held;  // global ids, then their local rows
+  std::vector<index_t> held, local;  // the ids this rank holds, and their local rows
   for (const index_t id : ids)
-    if (map.rows.to_local(id) != invalid_index) held.push_back(id);
+    if (const index_t row = map.rows.to_local(id); row != invalid_index) {
+      held.push_back(id);
+      local.push_back(row);
+    }
   const std::vector<BoxStorage> boxes = row_boxes(map, held, sizeof(T));
   Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace> rows(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "kshard::io::rows"), held.size(),
@@ -148,8 +151,7 @@ void read_rows(const ExecSpace& space, const io::Checkpoint& model, const io::St
               read_runs(model.data_files()[f], runs, rows.data());
         }));
   for (std::size_t k = 0; k < held.size(); ++k)
-    Kokkos::deep_copy(space,
-                      Kokkos::subview(matrix.local(), map.rows.to_local(held[k]), Kokkos::ALL),
+    Kokkos::deep_copy(space, Kokkos::subview(matrix.local(), local[k], Kokkos::ALL),
                       Kokkos::subview(rows, k, Kokkos::ALL));
   fence(space, "kshard::io: the rows are read (their host copy is freed)");
 }
