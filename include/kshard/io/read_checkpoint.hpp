@@ -86,6 +86,7 @@ read_matrix(const ExecSpace& space, const Checkpoint& model, std::string_view na
   const StoredTensor& tensor = model.tensor(name);
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, tensor.shape[0], tensor.shape[1],
                                                unfilled, std::string(name));  // the read fills it
+  detail::advise_filled_whole(matrix.local());
   detail::read_stored(space, model, tensor, matrix);
   return matrix;
 }

@@ -90,6 +90,7 @@ read_matrix(const ExecSpace& space, const SafetensorsFile& file, std::string_vie
   DistMatrix<T, L, ExecSpace, MemSpace> matrix(mesh, layout, entry.shape[0], entry.shape[1],
                                                unfilled,  // the read fills it
                                                std::string(name));
+  detail::advise_filled_whole(matrix.local());
   detail::read_shard(space, file, entry, matrix);
   return matrix;
 }
