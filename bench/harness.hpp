@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <fstream>
 #include <string>
@@ -186,25 +187,31 @@ inline double largest_peak_rss_mib(MPI_Comm comm) {
   return largest;
 }
 
-// JSON records, one object per measurement: {"bench": ..., "ranks": ..., fields...}.
+// JSON records, one object per measurement: {"bench": ..., "ranks": ..., fields...}, and the
+// device with the date when KSHARD_BENCH_DEVICE names them (bench/device_run.sh). Rank 0
+// rewrites `path` after each record, so a run stopped at a time limit keeps what it measured.
 class Report {
  public:
-  Report(std::string bench, MPI_Comm comm) : bench_(std::move(bench)), comm_(comm) {
+  Report(std::string bench, MPI_Comm comm, std::string path = "")
+      : bench_(std::move(bench)), path_(std::move(path)) {
     MPI_Comm_rank(comm, &rank_);
     MPI_Comm_size(comm, &size_);
+    if (const char* device = std::getenv("KSHARD_BENCH_DEVICE"))
+      device_ = fmt::format(R"("device": "{}", )", device);
   }
 
   // `fields` is a JSON fragment such as R"("seconds": 0.1, "ratio": 1.02)".
   void add(std::string_view case_name, const std::string& fields) {
     records_.push_back(fmt::format(
-        R"({{"bench": "{}", "case": "{}", "ranks": {}, "backend": "{}", "isa": "{}", {}}})", bench_,
-        case_name, size_, Kokkos::DefaultExecutionSpace::name(), isa, fields));
+        R"({{"bench": "{}", "case": "{}", "ranks": {}, "backend": "{}", "isa": "{}", {}{}}})",
+        bench_, case_name, size_, Kokkos::DefaultExecutionSpace::name(), isa, device_, fields));
     if (rank_ == 0) std::printf("%-32s %s\n", std::string(case_name).c_str(), fields.c_str());
+    write();
   }
 
-  void write(const std::string& path) const {
-    if (rank_ != 0 || path.empty()) return;
-    std::ofstream out(path);
+  void write() const {
+    if (rank_ != 0 || path_.empty()) return;
+    std::ofstream out(path_);
     out << "[\n";
     for (std::size_t i = 0; i < records_.size(); ++i)
       out << "  " << records_[i] << (i + 1 < records_.size() ? ",\n" : "\n");
@@ -216,7 +223,8 @@ class Report {
 
  private:
   std::string bench_;
-  MPI_Comm comm_;
+  std::string path_;
+  std::string device_;
   int rank_ = 0;
   int size_ = 1;
   std::vector<std::string> records_;
@@ -232,14 +240,14 @@ int run_main(int argc, char** argv, const std::string& name, Measure&& measure) 
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
     const Options options = parse(argc, argv);
-    Report report(name, MPI_COMM_WORLD);
+    Report report(name, MPI_COMM_WORLD, options.output);
     try {
       measure(report, options);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());
       status = 1;
     }
-    report.write(options.output);
+    report.write();
   }
   MPI_Finalize();
   return status;

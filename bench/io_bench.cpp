@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "harness.hpp"
@@ -94,18 +95,36 @@ void pread_shard(const M& matrix, std::vector<float>& buffer, const Place& place
 }
 
 // One read of "embed" into `layout` from `model` by io::read_into against pread_shard, the
-// same bytes landing in each.
+// same bytes landing in each. On a GPU build the matrix is in device memory, which kshard
+// reaches through a host staging buffer; the baseline is then the pread into host memory plus
+// one host-to-device copy.
 template <class L, class Place>
 void read_case(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, const L& layout,
                const char* name, const io::Checkpoint& model, index_t rows, index_t cols,
                const kshard::bench::Options& options, const Place& place) {
   const auto matrix = io::read_matrix<float>(model, "embed", mesh, layout);
-  std::vector<float> buffer(static_cast<std::size_t>(matrix.local().span()));
+  using Local = std::remove_cvref_t<decltype(matrix.local())>;
+  constexpr bool on_host =
+      Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Local::memory_space>::accessible;
+  const std::size_t local_rows = matrix.local().extent(0), local_cols = matrix.local().extent(1);
+  std::vector<float> buffer(local_rows * local_cols);
+  const Local landing(std::string("landing"), on_host ? 0 : local_rows, on_host ? 0 : local_cols);
+  const auto baseline = [&] {
+    pread_shard(matrix, buffer, place);
+    if constexpr (!on_host)
+      Kokkos::deep_copy(landing,
+                        Kokkos::View<const float**, Kokkos::LayoutRight, Kokkos::HostSpace>(
+                            buffer.data(), local_rows, local_cols));
+  };
   // Both read into memory they already hold (read_matrix adds the allocation of a fresh shard).
   const auto timed = kshard::bench::time_paired(
-      mesh.comm(), options.repetitions, [&] { io::read_into(model, "embed", matrix); },
-      [&] { pread_shard(matrix, buffer, place); });
-  const auto local = matrix.local();
+      mesh.comm(), options.repetitions,
+      [&] {
+        io::read_into(model, "embed", matrix);
+        Kokkos::fence();
+      },
+      baseline);
+  const auto local = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), matrix.local());
   if (std::memcmp(local.data(), buffer.data(), buffer.size() * sizeof(float)) != 0)
     throw kshard::error("bench: read_matrix and pread disagree");
   report.add(name, fmt::format(R"("rows": {}, "cols": {}, "seconds": {:.6g}, "baseline": {:.6g}, )"

@@ -6,7 +6,9 @@
 // these transitions as a plan made once (`plan_redistribute`) and applied, at a small (64 x 64)
 // and a large size, against the physical minimum written here with MPI and plain loops: the
 // collective(s) plus the packing the bare version also needs (target: ratio <= 1.05), and, at
-// the small size, redistribute_into (which plans on every call) against the plan's apply.
+// the small size, redistribute_into (which plans on every call) against the plan's apply; and a
+// move that communicates nothing, in the default execution space's memory (the device's on a
+// GPU build), against a copy of the same bytes there.
 // Results are checked against the values every rank can compute, so a broken fast path (or a
 // wrong baseline) cannot look good.
 
@@ -20,6 +22,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness.hpp"
@@ -363,6 +366,44 @@ void plan_case(kshard::bench::Report& report, const std::string& name, const ksh
              fields(rows, cols, t, bytes) + extra);  // target: ratio <= 1.05
 }
 
+// A move that communicates nothing (Replicate -> Shard<0>: each rank keeps its own rows) in the
+// default execution space's memory (the device's on a GPU build), planned once and applied,
+// against a deep_copy of the same rows in that memory: what plan.apply adds to the one copy it
+// has to make. Target: ratio <= 1.1.
+void local_move_case(kshard::bench::Report& report, MPI_Comm world, index_t rows, index_t cols,
+                     int reps) {
+  int size = 0;
+  int rank = 0;
+  MPI_Comm_size(world, &size);
+  MPI_Comm_rank(world, &rank);
+  const kshard::Mesh<1> line(world, {size});
+  using From = kshard::Layout<kshard::Replicate>;
+  using To = kshard::Layout<kshard::Shard<0>>;
+  const kshard::DistMatrix<float, From> source(line, From{}, rows, cols);
+  fill(source);
+  auto plan = kshard::plan_redistribute(source, To{});
+  const auto target = plan.make_target();
+  const Kokkos::DefaultExecutionSpace space;
+  const auto apply_call = [&] {
+    plan.apply(space, source, target);
+    space.fence();
+  };
+  if (bytes_of(apply_call) != 0)
+    throw std::runtime_error("redistribute_bench: a local move sent bytes");
+  verify(target, world, "Replicate -> Shard<0> (plan.apply)");
+  const index_t first = kshard::chunk_begin(rows, size, rank);
+  const index_t count = kshard::chunk_extent(rows, size, rank);
+  const auto mine = Kokkos::subview(source.local(),
+                                    std::pair<index_t, index_t>(first, first + count), Kokkos::ALL);
+  const typename kshard::DistMatrix<float, To>::view_type copy("copy", count, cols);
+  const auto copy_call = [&] {
+    Kokkos::deep_copy(space, copy, mine);
+    space.fence();
+  };
+  const auto t = kshard::bench::time_paired(world, reps, apply_call, copy_call);
+  report.add("local_move_replicate_to_shard0", fields(rows, cols, t, 0));
+}
+
 void plan_cases(kshard::bench::Report& report, MPI_Comm world, index_t rows, index_t cols,
                 int reps) {
   int size = 0;
@@ -399,6 +440,7 @@ int main(int argc, char** argv) {
         const char* plan_only = std::getenv("KSHARD_BENCH_PLAN_ONLY");
         plan_cases(report, MPI_COMM_WORLD, 64, 64, options.repetitions);
         plan_cases(report, MPI_COMM_WORLD, rows, cols, options.repetitions);
+        local_move_case(report, MPI_COMM_WORLD, rows, cols, options.repetitions);
         if (plan_only != nullptr && std::string(plan_only) == "1") return;
         shard_to_replicate(report, mesh, rows, cols, options.repetitions);
         shard0_to_shard1(report, mesh, rows, cols, options.repetitions);

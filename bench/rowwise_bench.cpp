@@ -61,6 +61,21 @@ double fp64_sum_of_squares(const typename Matrix<T>::view_type& local) {
   return total;
 }
 
+// A read of `words` 64-bit words on the device, one thread per word, so that neighbouring
+// threads read neighbouring words (coalesced): what the device's memory gives.
+inline std::uint64_t device_read(const unsigned char* bytes, index_t words) {
+  std::uint64_t total = 0;
+  Kokkos::parallel_reduce(
+      "bench::device_read", words,
+      KOKKOS_LAMBDA(const index_t k, std::uint64_t& sum) {
+        std::uint64_t word;
+        __builtin_memcpy(&word, bytes + 8 * k, sizeof word);
+        sum += word;
+      },
+      total);
+  return total;
+}
+
 // A STREAM-like read of the same bytes: the local array as 64-bit words, summed as integers
 // (no conversion, no floating point), in blocks: what the memory gives this rank. On the host it
 // asks for each line 8 KiB ahead, as kshard's row kernels do (kernels/row_norms.hpp), so that
@@ -68,12 +83,16 @@ double fp64_sum_of_squares(const typename Matrix<T>::view_type& local) {
 // it, 27-30 with it. bf16 row norms are measured against this, not against
 // `fp64_sum_of_squares`, whose bf16 form is bound by the same widening the kernel does and would
 // hide a kernel slower than memory.
+// On a GPU it is device_read.
 template <class T>
 std::uint64_t stream_read(const typename Matrix<T>::view_type& local) {
   const auto* bytes = reinterpret_cast<const unsigned char*>(local.data());
+  if constexpr (!Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                            typename Matrix<T>::memory_space>::accessible)
+    return device_read(bytes, static_cast<index_t>(local.span() * sizeof(T) / 8));
+  std::uint64_t total = 0;
   const auto lines = static_cast<index_t>(local.span() * sizeof(T) / 64);
   constexpr index_t block = 512;  // lines
-  std::uint64_t total = 0;
   Kokkos::parallel_reduce(
       "bench::stream_read", (lines + block - 1) / block,
       KOKKOS_LAMBDA(const index_t b, std::uint64_t& sum) {

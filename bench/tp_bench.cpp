@@ -53,12 +53,14 @@ Ids make_ids(index_t n, index_t vocab) {
   return ids;
 }
 
-// The hand-written lookup: the rows of the owned ids copied into a preallocated buffer (zeros
-// for the others), then one in-place MPI_Allreduce. Shard<0> owns one contiguous row range.
+// Whether the table and the output live where the host reaches them (not on a GPU build).
+constexpr bool on_host =
+    Kokkos::SpaceAccessibility<Kokkos::HostSpace, Out::memory_space>::accessible;
+
+// The owned ids' rows copied into `out`, zeros for the others: a row per thread (a host's form).
 template <class T>
-void plain_lookup(const Matrix<T>& table, const Ids& ids, const Out& out, MPI_Comm comm) {
-  const auto local = table.local();
-  const index_t first = table.mapping().rows.global_offset();
+void copy_rows_by_row(const typename Matrix<T>::view_type& local, index_t first, const Ids& ids,
+                      const Out& out) {
   const auto owned = static_cast<index_t>(local.extent(0));
   const auto cols = static_cast<index_t>(local.extent(1));
   Kokkos::parallel_for(
@@ -69,8 +71,41 @@ void plain_lookup(const Matrix<T>& table, const Ids& ids, const Out& out, MPI_Co
         else
           for (index_t j = 0; j < cols; ++j) out(i, j) = 0.0f;
       });
+}
+
+// The same copy with an element per thread, neighbouring threads on neighbouring elements (a
+// GPU's coalesced form: a device gather of the rows).
+template <class T>
+void copy_rows_by_element(const typename Matrix<T>::view_type& local, index_t first, const Ids& ids,
+                          const Out& out) {
+  const auto owned = static_cast<index_t>(local.extent(0));
+  const auto cols = static_cast<index_t>(local.extent(1));
+  Kokkos::parallel_for(
+      "bench::plain_lookup", static_cast<index_t>(ids.extent(0)) * cols,
+      KOKKOS_LAMBDA(const index_t k) {
+        const index_t i = k / cols, j = k % cols;
+        const index_t l = static_cast<index_t>(ids(i)) - first;
+        out(i, j) = l >= 0 && l < owned ? static_cast<float>(local(l, j)) : 0.0f;
+      });
+}
+
+// The hand-written lookup: the rows of the owned ids copied into a preallocated buffer (zeros
+// for the others), then one in-place MPI_Allreduce, on `staging` (the buffer itself on a host;
+// on a GPU a host copy allocated once, the MPI not being GPU-aware, as kshard's staging
+// assumes). Shard<0> owns one contiguous row range.
+template <class T>
+void plain_lookup(const Matrix<T>& table, const Ids& ids, const Out& out,
+                  const Out::HostMirror& staging, MPI_Comm comm) {
+  const index_t first = table.mapping().rows.global_offset();
+  if constexpr (on_host)
+    copy_rows_by_row<T>(table.local(), first, ids, out);
+  else
+    copy_rows_by_element<T>(table.local(), first, ids, out);
   Kokkos::fence();
-  MPI_Allreduce(MPI_IN_PLACE, out.data(), static_cast<int>(out.size()), MPI_FLOAT, MPI_SUM, comm);
+  Kokkos::deep_copy(staging, out);  // nothing to copy where staging is `out`
+  MPI_Allreduce(MPI_IN_PLACE, staging.data(), static_cast<int>(staging.size()), MPI_FLOAT, MPI_SUM,
+                comm);
+  Kokkos::deep_copy(out, staging);
 }
 
 // The naive alternative: every rank all-gathers the whole V x H table, then copies rows.
@@ -105,6 +140,28 @@ bool same(const Out& a, const Out& b) {
   return true;
 }
 
+// The naive alternative, timed against kshard's lookup (`t_kshard` seconds).
+template <class T>
+void allgather_case(kshard::bench::Report& report, const Matrix<T>& table, const Ids& ids,
+                    const Out& result, index_t n, double t_kshard,
+                    const kshard::bench::Options& options, const std::string& type) {
+  const MPI_Comm comm = table.mesh().comm();
+  const index_t vocab = table.rows(), hidden = table.cols();
+  Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace> full(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "bench::full"),
+      static_cast<std::size_t>(vocab), static_cast<std::size_t>(hidden));
+  Out gathered("bench::gathered", static_cast<std::size_t>(n), static_cast<std::size_t>(hidden));
+  const double t_gather = kshard::bench::time_collective(
+      comm, options.quick ? 1 : 3, [&] { allgather_lookup(table, ids, gathered, full, comm); });
+  if (!same(result, gathered))
+    throw std::runtime_error("tp_bench: lookup differs from the all-gather baseline");
+  report.add(
+      "allgather_table_lookup",
+      fmt::format(
+          R"("type": "{}", "rows": {}, "cols": {}, "ids": {}, "seconds": {:.6g}, "ratio": {:.4g}, "bytes_sent": {})",
+          type, vocab, hidden, n, t_gather, t_gather / t_kshard, table.local().span() * sizeof(T)));
+}
+
 template <class T>
 void run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t vocab, index_t hidden,
          index_t n, const kshard::bench::Options& options, const std::string& type) {
@@ -121,12 +178,13 @@ void run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t voc
   // The headline ratio: kshard into a reused buffer, as the hand-written baseline does.
   Out plain("bench::plain", static_cast<std::size_t>(n), static_cast<std::size_t>(hidden));
   Out reused("bench::reused", static_cast<std::size_t>(n), static_cast<std::size_t>(hidden));
+  const auto staging = Kokkos::create_mirror_view(plain);
   const auto lookup = [&] {
     kshard::vocab_parallel_lookup(table, ids, reused, kshard::TpDim{0});
     Kokkos::fence();
   };
-  const auto t = kshard::bench::time_paired(comm, reps, lookup,
-                                            [&] { plain_lookup(table, ids, plain, comm); });
+  const auto t = kshard::bench::time_paired(
+      comm, reps, lookup, [&] { plain_lookup(table, ids, plain, staging, comm); });
   if (!same(reused, plain)) throw std::runtime_error("tp_bench: lookup differs from the baseline");
   // The same lookup with the collective watchdog on against it off.
   const auto t_watchdog = kshard::bench::time_watchdog(comm, reps, lookup);
@@ -140,7 +198,7 @@ void run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t voc
         result = kshard::vocab_parallel_lookup(table, ids, kshard::TpDim{0});
         Kokkos::fence();
       },
-      [&] { plain_lookup(table, ids, plain, comm); });
+      [&] { plain_lookup(table, ids, plain, staging, comm); });
   if (!same(result, plain)) throw std::runtime_error("tp_bench: lookup differs from the baseline");
 
   const double out_bytes = static_cast<double>(n * hidden) * sizeof(float);
@@ -164,20 +222,8 @@ void run(kshard::bench::Report& report, const kshard::Mesh<1>& mesh, index_t voc
       fmt::format(R"("type": "{}", "mib_per_rank": {:.1f}, "table_mib_per_rank": {:.1f})", type,
                   max_rss, static_cast<double>(table.local().span() * sizeof(T)) / 1048576.0));
 
-  // Last: the baseline holds the whole table on every rank.
-  Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace> full(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "bench::full"),
-      static_cast<std::size_t>(vocab), static_cast<std::size_t>(hidden));
-  Out gathered("bench::gathered", static_cast<std::size_t>(n), static_cast<std::size_t>(hidden));
-  const double t_gather = kshard::bench::time_collective(
-      comm, options.quick ? 1 : 3, [&] { allgather_lookup(table, ids, gathered, full, comm); });
-  if (!same(result, gathered))
-    throw std::runtime_error("tp_bench: lookup differs from the all-gather baseline");
-  report.add(
-      "allgather_table_lookup",
-      fmt::format(
-          R"("type": "{}", "rows": {}, "cols": {}, "ids": {}, "seconds": {:.6g}, "ratio": {:.4g}, "bytes_sent": {})",
-          type, vocab, hidden, n, t_gather, t_gather / t_kshard, table.local().span() * sizeof(T)));
+  // Last: the baseline holds the whole table on every rank (on a host: it hands MPI the table).
+  if constexpr (on_host) allgather_case(report, table, ids, result, n, t_kshard, options, type);
 }
 
 }  // namespace
