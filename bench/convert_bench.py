@@ -483,11 +483,13 @@ def repair_cases(consolidated, scratch, repair, mpiexec, timer, common, rows=64)
     out = os.path.join(scratch, "repaired.safetensors")
     cases = [Case("cp_file", "`cp` of the damaged model file", ["cp", damaged, out], out=out,
                   **common)]
-    for np_ in (1, 2):
-        cases.append(Case("kshard_repair_out", f"kshard-repair --out ({rows} damaged rows)",
-                          mpiexec + [str(np_)] + rank_timer(timer) +
-                          [repair, damaged, "--out", out], verify, timer, out, ranks=np_,
-                          **common))
+    for flags, case, label in ((), "kshard_repair_out", "kshard-repair --out"), \
+            (("--no-sync",), "kshard_repair_out_nosync", "kshard-repair --out --no-sync"):
+        for np_ in (1, 2):
+            cases.append(Case(case, f"{label} ({rows} damaged rows)",
+                              mpiexec + [str(np_)] + rank_timer(timer) +
+                              [repair, damaged, "--out", out, *flags], verify, timer, out,
+                              ranks=np_, **common))
     return cases
 
 
@@ -609,11 +611,12 @@ def main():
         timer = os.path.join(scratch, "rank-times")
         os.makedirs(timer)
         cases = [Case("cp", "`cp -r` of the shard folder", ["cp", "-r", shards, out], **common)]
-        for np_ in (1, 2):
-            cases.append(Case("kshard_convert_hf", "kshard-convert --to hf",
-                              mpiexec + [str(np_)] + rank_timer(timer) +
-                              [convert, shards, out, "--quiet"], verify, timer, ranks=np_,
-                              **common))
+        for flags, case, label in ((), "kshard_convert_hf", "kshard-convert --to hf"), \
+                (("--no-sync",), "kshard_convert_hf_nosync", "kshard-convert --to hf --no-sync"):
+            for np_ in (1, 2):
+                cases.append(Case(case, label, mpiexec + [str(np_)] + rank_timer(timer) +
+                                  [convert, shards, out, "--quiet", *flags], verify, timer,
+                                  ranks=np_, **common))
         cases += repair_cases(consolidated, scratch, os.path.abspath(args.kshard_repair),
                               mpiexec, timer, common)
         cases += dcp_cases(consolidated, scratch, convert, mpiexec, timer, common,
@@ -631,7 +634,8 @@ def main():
                 case.run(out, i == 0, prefault_bytes)
         records = [case.record() for case in cases]
         floors = {r["case"]: r for r in records if r["case"] in ("cp", "cp_file", "cp_dcp")}
-        floor_of = {"cp_file": "cp_file", "kshard_repair_out": "cp_file", "cp_dcp": "cp_dcp",
+        floor_of = {"cp_file": "cp_file", "kshard_repair_out": "cp_file",
+                    "kshard_repair_out_nosync": "cp_file", "cp_dcp": "cp_dcp",
                     "kshard_convert_dcp_hf": "cp_dcp", "torch_dcp_to_hf": "cp_dcp"}
         for r in records:
             cp = floors[floor_of.get(r["case"], "cp")]

@@ -106,6 +106,28 @@ TEST_F(CheckpointFolder, WriteCheckpointCopiesTheFolderAndWritesItsWeights) {
   EXPECT_TRUE(all_ranks(read_file(file_out) == checkpoint_image(changed)));
 }
 
+// Durability::page_cache: the same files, no fsync (nor MPI_File_sync) on any rank; the ranks
+// must agree on it, and one that does not is refused before anything is written.
+TEST_F(CheckpointFolder, WriteCheckpointUnsyncedWritesTheSameFiles) {
+  const fs::path out = scratch / "out";
+  io::reset_io_stats();
+  io::write_checkpoint(line, model, out, {io::replace_rows("weight", m, {4, 1})},
+                       io::Durability::page_cache);
+  EXPECT_TRUE(all_ranks(io::io_stats().syncs == 0));
+  EXPECT_TRUE(all_ranks(read_file(out / first_shard) == folder.first));
+  EXPECT_TRUE(all_ranks(read_file(out / second_shard) == checkpoint_image(changed)));
+  io::reset_io_stats();
+  io::write_checkpoint(line, model, scratch / "synced", {io::replace_rows("weight", m, {4, 1})});
+  EXPECT_TRUE(all_ranks(io::io_stats().syncs > 0));
+  if (kshard::test::world_size() == 1) return;
+  const auto mine =
+      kshard::test::world_rank() == 0 ? io::Durability::page_cache : io::Durability::fsync;
+  const std::string message =
+      collective_error([&] { io::write_checkpoint(line, model, scratch / "never", {}, mine); });
+  EXPECT_NE(message.find("the durability"), std::string::npos) << message;
+  EXPECT_TRUE(all_ranks(!fs::exists(scratch / "never")));
+}
+
 TEST_F(CheckpointFolder, WriteCheckpointLeavesNoHalfWrittenCheckpoint) {
   const std::int64_t before = folder_digest(folder.path);
 

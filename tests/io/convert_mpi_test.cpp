@@ -55,6 +55,22 @@ void expect_shares(std::int64_t data_bytes, std::int64_t header_bytes, std::size
   EXPECT_TRUE(all_ranks(mine <= share + 8 * static_cast<std::int64_t>(tensors) + 8));
 }
 
+// The job's shards written into `folder` and opened on `mesh`.
+io::Checkpoint write_and_open(const JobCheckpoint& job, const fs::path& folder,
+                              const kshard::Mesh<1>& mesh) {
+  job.write(folder);
+  return io::Checkpoint(mesh, folder);
+}
+
+// A 4-rank job's per-rank shards in a fresh scratch folder, opened on every rank.
+class ConvertJob : public ::testing::Test {
+ protected:
+  const Scratch scratch;
+  const JobCheckpoint job;
+  const kshard::Mesh<1> mesh = line();
+  const io::Checkpoint model = write_and_open(job, scratch / "model", mesh);
+};
+
 TEST(ConvertMpi, ConsolidatesAJobsShardsByteForByte) {
   const Scratch scratch;
   const JobCheckpoint job;
@@ -83,12 +99,7 @@ TEST(ConvertMpi, ConsolidatesAJobsShardsByteForByte) {
   EXPECT_FALSE(all_ranks(fs::exists(scratch / "hf.kshard-partial")));
 }
 
-TEST(ConvertMpi, SplitsAtTheMaximumSizeWithAnIndex) {
-  const Scratch scratch;
-  const JobCheckpoint job;
-  job.write(scratch / "model");
-  const auto mesh = line();
-  const io::Checkpoint model(mesh, scratch / "model");
+TEST_F(ConvertJob, SplitsAtTheMaximumSizeWithAnIndex) {
   io::ConvertOptions options;
   options.max_shard_bytes = 600;  // codes | embed | experts, grid, mask, norm | proj, scale, steps
   options.buffer_bytes = 4096;    // several buffers per tensor
@@ -114,12 +125,7 @@ TEST(ConvertMpi, SplitsAtTheMaximumSizeWithAnIndex) {
   EXPECT_EQ(written[0].filename(), "model-00001-of-00004.safetensors");
 }
 
-TEST(ConvertMpi, ReshardsIntoAnotherJobsShards) {
-  const Scratch scratch;
-  const JobCheckpoint job;
-  job.write(scratch / "model");
-  const auto mesh = line();
-  const io::Checkpoint model(mesh, scratch / "model");
+TEST_F(ConvertJob, ReshardsIntoAnotherJobsShards) {
   io::ConvertOptions options;
   options.form = io::OutputForm::sharded;
   options.sharding = {
@@ -156,12 +162,7 @@ Patched patched(const JobCheckpoint& job, const std::vector<index_t>& ids) {
   return p;
 }
 
-TEST(ConvertMpi, WritesPatchedRowsInEveryForm) {
-  const Scratch scratch;
-  const JobCheckpoint job;
-  job.write(scratch / "model");
-  const auto mesh = line();
-  const io::Checkpoint model(mesh, scratch / "model");
+TEST_F(ConvertJob, WritesPatchedRowsInEveryForm) {
   const std::vector<index_t> ids{0, 9, 10, 36};
   const Patched expected = patched(job, ids);
   const auto repaired = kshard::distribute<ExecSpace, MemSpace>(
@@ -196,12 +197,7 @@ void expect_shard_files(const fs::path& folder, const std::map<std::string, Tens
     EXPECT_TRUE(all_ranks(read_file(folder / shard_name(r)) == shard_file(shards[r]))) << r;
 }
 
-TEST(ConvertMpi, PatchesShardsInPlaceAndUndoes) {
-  const Scratch scratch;
-  const JobCheckpoint job;
-  job.write(scratch / "model");
-  const auto mesh = line();
-  const io::Checkpoint model(mesh, scratch / "model");
+TEST_F(ConvertJob, PatchesShardsInPlaceAndUndoes) {
   const Patched expected = patched(job, {0, 9, 10, 36});  // rows in files 0, 0, 1 and 3
   const auto repaired = kshard::distribute<ExecSpace, MemSpace>(
       mesh, kshard::Layout<kshard::Shard<0>>{}, kshard::HostMatrix<const float>(expected.embed));
@@ -257,12 +253,24 @@ TEST(ConvertMpi, WritesADcpOfManyFilesAndBack) {
   EXPECT_TRUE(all_ranks(!fs::exists(scratch / "partial.kshard-partial")));
 }
 
-TEST(ConvertMpi, RefusesAlikeAndWritesNothing) {
-  const Scratch scratch;
-  const JobCheckpoint job;
-  job.write(scratch / "model");
-  const auto mesh = line();
-  const io::Checkpoint model(mesh, scratch / "model");
+// Durability::page_cache writes the same bytes with no fsync on any rank (the folder still
+// appears whole, as cp's files do not); the default syncs what each rank writes, and rank 0 the
+// file it created and the folder it publishes too.
+TEST_F(ConvertJob, WritesTheSameBytesUnsynced) {
+  io::reset_io_stats();
+  io::convert_checkpoint(mesh, model, scratch / "synced", {});
+  const std::int64_t synced = io::io_stats().syncs;
+  EXPECT_TRUE(all_ranks(synced >= (kshard::test::world_rank() == 0 ? 3 : 1))) << synced;
+  io::ConvertOptions unsynced;
+  unsynced.durability = io::Durability::page_cache;
+  io::reset_io_stats();
+  const auto written = io::convert_checkpoint(mesh, model, scratch / "unsynced", unsynced);
+  EXPECT_TRUE(all_ranks(io::io_stats().syncs == 0));
+  EXPECT_TRUE(all_ranks(read_file(written.at(0)) == consolidated_file(job.tensors)));
+  EXPECT_TRUE(all_ranks(!fs::exists(scratch / "unsynced.kshard-partial")));
+}
+
+TEST_F(ConvertJob, RefusesAlikeAndWritesNothing) {
   const auto refuse = [&](const io::ConvertOptions& options, const fs::path& out,
                           const std::string& phrase) {
     const std::string message =
@@ -281,6 +289,9 @@ TEST(ConvertMpi, RefusesAlikeAndWritesNothing) {
   io::ConvertOptions differs;
   if (kshard::test::world_rank() == kshard::test::world_size() - 1) differs.max_shard_bytes = 7;
   if (kshard::test::world_size() > 1) refuse(differs, scratch / "d", "the options");
+  io::ConvertOptions durability;  // an MPI_File_sync on some ranks only would hang
+  if (kshard::test::world_rank() == 0) durability.durability = io::Durability::page_cache;
+  if (kshard::test::world_size() > 1) refuse(durability, scratch / "e", "durability page_cache");
   refuse({}, scratch / "model", "exists; a conversion writes a new folder");
   refuse({}, scratch / "no" / "such", "of the output does not exist");
   EXPECT_TRUE(all_ranks(!fs::exists(scratch / "a") && !fs::exists(scratch / "c")));

@@ -12,7 +12,8 @@
 #       copied (from .hf_metadata/ for shards, the job's fqn maps left out); model.safetensors
 #       alone, or split at --max-shard-size with a right model.safetensors.index.json, read
 #       back as an indexed folder (a stale model.safetensors beside the index left out); a
-#       single .safetensors file; IN and OUT with a trailing slash;
+#       single .safetensors file; IN and OUT with a trailing slash; --no-sync (also through a
+#       4 KiB buffer): the same output;
 #   (b) --to sharded: the shards resharded for --mesh 3 and 2x2 with --layout and --layout-for
 #       (the first matching pattern wins), each file's boxes and DCP_SHARDING_INFO offsets the
 #       torch.chunk arithmetic check_convert.py computes, then --to hf again: the same tensors;
@@ -85,6 +86,9 @@ hf_cases() {
   cp -r model_split stale && cp shards_hf/model.safetensors stale/
   converts_to_hf stale_weights_beside_index stale stale_hf model
   converts_to_hf trailing_slash "$cases/shards/" slash_hf/ shards
+  converts_to_hf no_sync "$cases/shards" shards_hf_no_sync shards --no-sync
+  converts_to_hf no_sync_small_buffer "$cases/big.safetensors" big_hf_no_sync big --no-sync \
+    --buffer-size 4KiB
 }
 
 # resharded NAME IN OUT CASE TOOL-OPTIONS...: --to sharded gives the expected shards, and

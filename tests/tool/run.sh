@@ -11,7 +11,8 @@
 #     folder left;
 #   - --out on a folder copies its subfolders (1_Pooling/);
 #   - --out on a sharded folder whose second shard cannot be written: exit 2, no shard and no
-#     copied file left, the folder as it was;
+#     copied file left, the folder as it was; --out --no-sync: the same files; --no-sync
+#     without --out: exit 2;
 #   - --report naming --out or MODEL: exit 2, the checkpoint untouched, no output;
 #   - --undo on a copy of an in-place repaired folder: exit 2, neither folder restored;
 #   - 1-D and 3-D embeddings, F16 and F64 LM heads next to an F32 embedding: exit 1;
@@ -70,6 +71,12 @@ done
 # its name), so the first, already written, and the copied index are removed again; the folder
 # keeps what it had.
 expect sharded_out 0 "$cases/sharded" --out sharded_out
+# --no-sync writes the same files (nothing fsynced); it only goes with --out.
+expect sharded_out_no_sync 0 "$cases/sharded" --out sharded_out_no_sync --no-sync
+for f in model-00001-of-00002.safetensors model-00002-of-00002.safetensors; do
+  cmp -s "sharded_out/$f" "sharded_out_no_sync/$f" || fail "sharded_out_no_sync: $f differs"
+done
+expect no_sync_in_place 2 "$cases/sharded" --in-place --no-sync
 mkdir -p sharded_fail/model-00002-of-00002.safetensors
 expect sharded_out_fails 2 "$cases/sharded" --out sharded_fail
 [ -e sharded_fail/model-00001-of-00002.safetensors ] &&

@@ -25,6 +25,7 @@ struct Options {
   std::string buffer_size = "64MiB";
   bool quiet = false;
   bool verify = false;
+  bool no_sync = false;
 };
 
 // Defines every option of `o` on `app` (with --version).

@@ -21,6 +21,10 @@ void define(CLI::App& app, Options& o) {
                                 "write the repaired rows into MODEL (an undo file is kept)");
   auto* dry_run = app.add_flag("--dry-run", o.dry_run, "only report what would be repaired");
   auto* undo = app.add_flag("--undo", o.undo, "restore the rows of the last --in-place run");
+  app.add_flag("--no-sync", o.no_sync,
+               "with --out: do not fsync the output, as cp does not: faster by the storage's "
+               "write time, but a crash soon after may leave it with lost bytes")
+      ->needs(out);
   out->excludes(in_place, dry_run, undo);
   in_place->excludes(dry_run, undo);
   dry_run->excludes(undo);
@@ -69,6 +73,7 @@ std::vector<kshard::comm::NamedText> command_line_texts(const Options& o, int pa
       {"--in-place", flag(o.in_place)},
       {"--dry-run", flag(o.dry_run)},
       {"--undo", flag(o.undo)},
+      {"--no-sync", flag(o.no_sync)},
       {"--report", o.report},
       {"--embed", o.embed},
       {"--lm-head", o.lm_head},

@@ -21,6 +21,7 @@ struct Options {
   bool in_place = false;
   bool dry_run = false;
   bool undo = false;
+  bool no_sync = false;  // --out is not fsynced
   std::string report;
   std::string embed;
   std::string lm_head;

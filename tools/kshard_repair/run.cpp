@@ -138,6 +138,7 @@ std::vector<std::string> write_result(const Options& options, const io::Checkpoi
         file.path().string(), options.model);
     return {file.path().string()};
   }
+  const auto durability = options.no_sync ? io::Durability::page_cache : io::Durability::fsync;
   std::vector<std::filesystem::path> paths;
   if (in_pieces || !options.to.empty()) {
     io::ConvertOptions convert;  // sharded and dcp: no mesh, the input's split
@@ -145,10 +146,12 @@ std::vector<std::string> write_result(const Options& options, const io::Checkpoi
                    : options.to == "sharded" ? io::OutputForm::sharded
                    : options.to == "dcp"     ? io::OutputForm::dcp
                                              : io::OutputForm::as_stored;
+    convert.durability = durability;
     paths = io::convert_checkpoint(mesh, model, options.out, convert,
                                    {io::patch_rows(embed, matrix, ids)});
   } else {
-    paths = io::write_checkpoint(mesh, model, options.out, {io::replace_rows(embed, matrix, ids)});
+    paths = io::write_checkpoint(mesh, model, options.out, {io::replace_rows(embed, matrix, ids)},
+                                 durability);
   }
   std::vector<std::string> written;
   for (const auto& path : paths) written.push_back(path.string());

@@ -37,6 +37,7 @@
 #include "kshard/io/detail/patches.hpp"
 #include "kshard/io/detail/paths.hpp"
 #include "kshard/io/detail/write.hpp"
+#include "kshard/io/durability.hpp"
 #include "kshard/io/named_path.hpp"
 #include "kshard/io/row_patch.hpp"
 #include "kshard/io/safetensors.hpp"
@@ -147,14 +148,16 @@ inline void refuse_clashes(const comm::Group& group, const std::vector<NamedPath
 /// (`checkpoint_outputs` against `checkpoint_inputs`); after a failed copy or write, rank 0
 /// removes what the call made (the folder it created, or what it added to one that existed,
 /// and the weights written), so that no half-written checkpoint is left. Cost: the copies,
-/// then `write_safetensors`' per file.
+/// then `write_safetensors`' per file, each written with `durability`.
 template <std::size_t N>
 std::vector<std::filesystem::path> write_checkpoint(const Mesh<N>& mesh, const Checkpoint& model,
                                                     const std::filesystem::path& out,
-                                                    const std::vector<TensorUpdate>& updates) {
+                                                    const std::vector<TensorUpdate>& updates,
+                                                    Durability durability = Durability::fsync) {
   const detail::Operation operation("io::write_checkpoint");
   detail::Agreement agreement(mesh.group());
   detail::same_text(agreement, "the output path", out.string());
+  detail::same_text(agreement, "the durability", std::string(to_string(durability)));
   agreement.same("the number of tensors to replace", static_cast<std::int64_t>(updates.size()));
   if (auto problem = detail::dcp_problem(model, "write_checkpoint")) {
     agreement.problem(std::move(problem));
@@ -174,7 +177,7 @@ std::vector<std::filesystem::path> write_checkpoint(const Mesh<N>& mesh, const C
       agreement.problem(fmt::format("kshard::io: {}; nothing was written", *clash));
   agreement.settle();
   if (!model.is_folder()) {
-    write_safetensors(mesh, model.files().front(), out, updates);
+    write_safetensors(mesh, model.files().front(), out, updates, durability);
     return {out};
   }
   detail::FolderCopy copy;
@@ -186,7 +189,7 @@ std::vector<std::filesystem::path> write_checkpoint(const Mesh<N>& mesh, const C
       std::vector<TensorUpdate> mine;
       for (const TensorUpdate& u : updates)
         if (&model.file_of(u.name()) == &file) mine.push_back(u);
-      write_safetensors(mesh, file, output_path_of(model, file, out), mine);
+      write_safetensors(mesh, file, output_path_of(model, file, out), mine, durability);
       written.push_back(output_path_of(model, file, out));
     }
   } catch (const error&) {  // every rank: the output is whole or absent

@@ -19,8 +19,9 @@
 /// their bytes, reading (pread) only the runs of the stored pieces that fill it, through a buffer
 /// of at most `buffer_bytes` (a piece that fills a whole buffer's worth is copied inside the
 /// kernel with copy_file_range, as cp copies). Memory per rank: the buffer and its run lists,
-/// whatever the checkpoint's size. Every rank fsyncs what it wrote; rank 0 copies the files
-/// beside the weights, writes the index, and renames the folder into place.
+/// whatever the checkpoint's size. Every rank fsyncs what it wrote, each buffer's writeback
+/// started as soon as it is written (none of it under `Durability::page_cache`, as cp); rank 0
+/// copies the files beside the weights, writes the index, and renames the folder into place.
 ///
 /// Consolidated output (`OutputForm::hf`): whole tensors in name order, `model.safetensors`, or
 /// `model-0000i-of-0000n.safetensors` split at `max_shard_bytes` with
@@ -147,12 +148,13 @@ namespace kshard::io {
 /// Writes `model` in the form `options` asks for as the new folder `out` (see the file comment),
 /// and returns the paths of its weights files. Collective over `mesh`, at any rank count (the
 /// output's mesh is `options.sharding.mesh`, not this one). The folder is written as `out` +
-/// ".kshard-partial", every file fsynced, then renamed: `out` appears complete or not at all (a
-/// rank killed mid-write leaves the temporary folder, which a later run refuses to touch until
-/// it is removed). Every rank throws the same `kshard::error`, with `out` absent and nothing of
-/// `model` changed, for options that differ between ranks or cannot be written (a layout that
-/// does not fit the mesh, a Partial, a layout giving a rank a non-contiguous part of a tensor), an
-/// `out` or temporary folder that exists, a missing parent folder, and any failed read or write.
+/// ".kshard-partial", every file fsynced (`options.durability`), then renamed: `out` appears
+/// complete or not at all (a rank killed mid-write leaves the temporary folder, which a later
+/// run refuses to touch until it is removed). Every rank throws the same `kshard::error`, with
+/// `out` absent and nothing of `model` changed, for options that differ between ranks or cannot be
+/// written (a layout that does not fit the mesh, a Partial, a layout giving a rank a non-contiguous
+/// part of a tensor), an `out` or temporary folder that exists, a missing parent folder, and any
+/// failed read or write.
 template <std::size_t N>
 std::vector<std::filesystem::path> convert_checkpoint(const Mesh<N>& mesh, const Checkpoint& model,
                                                       const std::filesystem::path& out_given,
@@ -169,6 +171,7 @@ std::vector<std::filesystem::path> convert_checkpoint(const Mesh<N>& mesh, const
   detail::agree_on_patches(agreement, model, patches);
   if (mesh.my_rank() == 0) agreement.problem(detail::output_folder_problem(out));
   agreement.settle();
+  const detail::DurabilityScope scope(options.durability);
   std::vector<detail::OutputFile> files;
   detail::agree(group, detail::attempt([&] { files = detail::plan_conversion(model, options); }));
   const auto partial = detail::partial_folder(out);

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "kshard/io/durability.hpp"
 #include "kshard/layout_dispatch.hpp"
 
 namespace kshard::io {
@@ -44,6 +45,8 @@ struct ConvertOptions {
   ShardingPlan sharding;  ///< the split of per-rank output
   /// The largest buffer a rank holds while it moves bytes.
   std::uint64_t buffer_bytes = std::uint64_t{64} << 20;
+  /// Whether every file is fsynced before the folder takes its name (see Durability).
+  Durability durability = Durability::fsync;
   /// Called on rank 0 as bytes are written (its bytes scaled to all ranks, and the total).
   std::function<void(std::uint64_t done, std::uint64_t total)> progress;
 };

@@ -12,6 +12,7 @@ namespace kshard::io {
 struct IoStats {
   std::int64_t bytes_read = 0;     ///< file bytes this process read (headers included)
   std::int64_t bytes_written = 0;  ///< file bytes this process wrote (undo files included)
+  std::int64_t syncs = 0;  ///< files and folders this process fsynced (MPI_File_sync included)
 };
 
 /// This process's counters (kshard is driven by one thread per process, as MPI usually is).

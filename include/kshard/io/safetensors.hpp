@@ -57,6 +57,7 @@
 #include "kshard/io/detail/read.hpp"
 #include "kshard/io/detail/undo.hpp"
 #include "kshard/io/detail/write.hpp"
+#include "kshard/io/durability.hpp"
 #include "kshard/io/io_stats.hpp"
 #include "kshard/io/safetensors_file.hpp"
 #include "kshard/io/safetensors_header.hpp"
@@ -141,19 +142,22 @@ void read_into(const SafetensorsFile& file, std::string_view name, const M& matr
 /// arguments that differ between ranks, a target or temporary name that names the source file
 /// (by device and inode: through links and `..` too), a temporary name that holds a file kshard
 /// did not write, a folder that does not exist; and for any failed read or write, with `target`
-/// untouched.
+/// untouched. `durability`: whether the file is fsynced before its rename (see Durability).
 template <std::size_t N>
 void write_safetensors(const Mesh<N>& mesh, const SafetensorsFile& source,
                        const std::filesystem::path& target,
-                       const std::vector<TensorUpdate>& updates) {
+                       const std::vector<TensorUpdate>& updates,
+                       Durability durability = Durability::fsync) {
   const detail::Operation operation("io::write_safetensors");
   const comm::Group& group = mesh.group();
   const std::filesystem::path partial = detail::partial_path(target);
   detail::Agreement agreement(group);
   detail::same_text(agreement, "the output file", target.string());
+  detail::same_text(agreement, "the durability", std::string(to_string(durability)));
   detail::check_updates(agreement, source, updates, group);
   if (mesh.my_rank() == 0) agreement.problem(detail::new_file_problem(source, target));
   agreement.settle();
+  const detail::DurabilityScope scope(durability);
   bool created = false;  // rank 0 made the temporary: its to remove after a failure
   try {
     detail::agree(group, detail::attempt([&] {

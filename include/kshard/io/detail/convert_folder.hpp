@@ -55,8 +55,9 @@ inline std::string options_text(const io::ConvertOptions& o) {
     for (const PlacementSpec& s : specs) parts.push_back(to_string(s));
     return fmt::format("({})", fmt::join(parts, ", "));
   };
-  std::string text = fmt::format("form {}, max shard {} bytes, buffer {} bytes", form_name(o.form),
-                                 o.max_shard_bytes, o.buffer_bytes);
+  std::string text =
+      fmt::format("form {}, max shard {} bytes, buffer {} bytes, durability {}", form_name(o.form),
+                  o.max_shard_bytes, o.buffer_bytes, to_string(o.durability));
   if (o.form == io::OutputForm::sharded || o.form == io::OutputForm::dcp) {
     text += fmt::format(", mesh ({}), layout {}", fmt::join(o.sharding.mesh, ", "),
                         layout(o.sharding.layout));

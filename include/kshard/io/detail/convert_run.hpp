@@ -204,12 +204,9 @@ class ByteMover {
                      std::uint64_t at, std::uint64_t bytes, const io::RowPatch* patch,
                      std::uint32_t crc) {
     const int out = out_[file];
-    if (!checksums_ && runs.size() == 1 && runs.begin()->second.size() == 1) {  // one piece
-      const ByteRun& run = runs.begin()->second.front();
-      if (copy_in_kernel(in_[runs.begin()->first], run.from, out, at, bytes)) {
-        start_writeback(out, at, bytes);
-        return crc;
-      }
+    if (!checksums_ && in_kernel(runs) && copy_in_kernel(runs, out, at)) {
+      start_writeback(out, at, bytes);
+      return crc;
     }
     if (buffer_.size() < bytes) buffer_.resize(bytes);
     for (const auto& [source, list] : runs)
@@ -222,6 +219,30 @@ class ByteMover {
     pwrite_exactly(out, buffer_.data(), bytes, at, out_.path(file).string());
     start_writeback(out, at, bytes);
     return checksums_ ? zip_crc32(std::span(buffer_.data(), bytes), crc) : crc;
+  }
+  // Whether `runs` go file to file inside the kernel: one run, or runs of at least 1 MiB each
+  // (where pieces meet, as Shard(0) pieces do), none from a patch. Shorter runs (a column
+  // split's rows) are gathered in the buffer and written with one pwrite.
+  static bool in_kernel(const std::map<std::size_t, std::vector<ByteRun>>& runs) {
+    if (runs.contains(patch_source)) return false;
+    if (runs.size() == 1 && runs.begin()->second.size() == 1) return true;
+    return std::all_of(runs.begin(), runs.end(), [](const auto& entry) {
+      return std::all_of(entry.second.begin(), entry.second.end(),
+                         [](const ByteRun& run) { return run.bytes >= (std::uint64_t{1} << 20); });
+    });
+  }
+  // Copies every run to `at` + its place in `out` inside the kernel; false, nothing counted,
+  // when the file systems cannot (the caller then moves them all through the buffer).
+  bool copy_in_kernel(const std::map<std::size_t, std::vector<ByteRun>>& runs, int out,
+                      std::uint64_t at) {
+    const io::IoStats before = io::io_stats();
+    for (const auto& [source, list] : runs)
+      for (const ByteRun& run : list)
+        if (!detail::copy_in_kernel(in_[source], run.from, out, at + run.to, run.bytes)) {
+          io::io_stats() = before;
+          return false;
+        }
+    return true;
   }
   OpenFiles in_, out_;
   std::uint64_t buffer_bytes_;

@@ -19,6 +19,7 @@
 #include "kshard/error.hpp"
 #include "kshard/index.hpp"
 #include "kshard/io/detail/box_runs.hpp"
+#include "kshard/io/detail/durability.hpp"
 #include "kshard/io/io_stats.hpp"
 #include "kshard/layout_mapping.hpp"
 
@@ -223,8 +224,13 @@ class MpiFile {
     if (auto problem = count_problem(status, bytes, "wrote")) throw error(*problem);
     io::io_stats().bytes_written += bytes;
   }
-  // Collective: the data written so far is on the storage device (fsync).
-  void sync() { check_mpi(MPI_File_sync(file_), "MPI_File_sync"); }
+  // Collective: the data written so far is on the storage device (fsync; nothing under
+  // Durability::page_cache, which every rank runs alike).
+  void sync() {
+    if (!syncing()) return;
+    ++io::io_stats().syncs;
+    check_mpi(MPI_File_sync(file_), "MPI_File_sync");
+  }
   // The file's size in bytes now (a local call).
   [[nodiscard]] std::uint64_t size() const {
     MPI_Offset bytes = 0;

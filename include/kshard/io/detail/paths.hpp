@@ -24,6 +24,7 @@
 #include <fmt/format.h>
 
 #include "kshard/error.hpp"
+#include "kshard/io/detail/durability.hpp"
 #include "kshard/io/io_stats.hpp"
 #include "kshard/io/named_path.hpp"
 
@@ -132,11 +133,11 @@ inline int create_temporary(const std::filesystem::path& path) {
   return fd;
 }
 
-// The temporary's first 8 bytes become `prefix` (its header length), then it is synced: from
-// here on it is a complete file, ready for its rename.
+// The temporary's first 8 bytes become `prefix` (its header length), then it is synced (under
+// Durability::fsync): from here on it is a complete file, ready for its rename.
 inline void seal_temporary(int fd, const std::filesystem::path& path,
                            const std::array<std::byte, 8>& prefix) {
-  if (fd < 0 || ::pwrite(fd, prefix.data(), prefix.size(), 0) != 8 || ::fsync(fd) != 0)
+  if (fd < 0 || ::pwrite(fd, prefix.data(), prefix.size(), 0) != 8 || sync_if_durable(fd) != 0)
     throw error(
         fmt::format("kshard::io: writing '{}' failed: {}", path.string(), std::strerror(errno)));
   io::io_stats().bytes_written += 8;
