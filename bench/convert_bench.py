@@ -31,7 +31,8 @@ follows how long the machine idled before it (cp -r measured 0.7-3.3 s on the sa
 Durability: kshard-convert fsyncs every file it writes before it returns; cp and torch do not
 (their bytes are still in the page cache when they exit). So after every run the output files
 are fsynced (timed apart, `fsync_after_s`) and the table shows both the command as run and
-"durable" (command + the fsync after it; kshard's is near zero).
+"durable" (command + the fsync after it; kshard's is near zero), and kshard's commands also run
+with --no-sync, which writes as cp does.
 
 Speeds are bytes of tensor data over seconds (GB = 1e9 bytes); "x cp" is cp's time over the
 case's (above 1: faster than cp). torch's consolidation writes all tensors into one file with

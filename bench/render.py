@@ -419,27 +419,29 @@ and the same for `kshard-repair --out`; peak memory per rank bounded whatever th
 size. **Memory: met** for the conversion (about 80 MiB per rank, the 64 MiB buffer; torch's
 consolidation holds whole tensors: 2.8-3.6 GiB); the repair holds the embedding's shard it
 repairs (1 GiB at one rank, half at two; NeMo's load-repair-save: 10.7 GiB): the LM head is read
-at the damaged rows only (`io::read_rows_into`). **Time: met against `cp` written as durably as
-kshard writes, missed against `cp` alone**, on this 2-core VM whose runs vary by 1.5-2 x from
-one round to the next (cp -r: 0.73-1.11 s in this run): 0.9-1.0 x durable `cp` at one rank
-(0.43-0.49 x `cp` alone). kshard fsyncs every file before it publishes the folder (the issue's
-publish-whole rule), which cp does not: the fsync of these 2.2 GB alone takes 0.65-0.87 s here,
-more than the 0.2 x of `cp` the target leaves. The conversion's own work (1.2-1.3 s at one rank)
-is what cp and its fsync take together (whole pieces through copy_file_range as cp does, each
-buffer's writeback started at once); the rest is the process start (MPI_Init 0.12 s with Open
-MPI told to skip its UCX probe, OMPI_MCA_pml=ob1, set by scripts/deps.sh's
-kshard_mpi_environment). At two ranks, the two processes share these 2 cores and one disk:
-neither command is faster there. The repair at one rank went from 2.0 s (the previous report)
-to 1.3 s: the embedding's 1 GiB is now read into transparent huge pages (`read_matrix` advises
-the shard it fills; this VM's balloon returns freed memory to the host, so each fresh 4 KiB page
-faults at a high price). The same binary with THP switched off and on, one run after the other:
-2.27 s and 1.36 s (0.54 and 0.97 x durable `cp`).
+at the damaged rows only (`io::read_rows_into`). **Time**, on this 2-core VM whose runs vary by
+1.5-2 x from one round to the next (two full runs of this benchmark, the table shows the second):
+kshard fsyncs every file before it publishes the folder, which cp does not, and the fsync of
+these 2.2 GB alone takes 0.5-0.9 s here, about cp's whole run. So each command is measured both
+ways. Written as durably as kshard writes (`cp` + fsync), kshard-convert runs at 0.88-0.96 x at
+one rank and 1.12-1.18 x at two (faster at two: 1.40 -> 1.05 s and 1.14 -> 0.99 s), the repair
+at 1.00-1.23 x. With `--no-sync` (`io::Durability::page_cache`: the durability of `cp`, the
+folder still published whole by its rename), kshard-convert runs at 0.68-0.84 x `cp` at one
+rank (0.69-0.79 s, of which 0.13 s is mpiexec and MPI_Init) and the repair at 0.79 x in both
+runs. Not faster at two without the fsync: ext4 takes the inode's lock for every buffered write,
+so two ranks writing one output file take turns (two processes copying 1.1 GB each into one
+file: 0.70 s, into two files: 0.33 s, one after the other: 0.74 s). The conversion's copy went
+from 1.2-1.3 s to 0.53-0.62 s of work at one rank this session: pieces that meet in a buffer
+are copied file to file inside the kernel, and where input and output offsets differ within a
+page (every file's header has its own length, so most of a consolidation's do), through one
+pwrite from a mapping of the input, since copy_file_range between such offsets ran at 0.64 x
+its aligned speed (1.09 GB: 0.44-0.45 s against 0.28-0.33 s; the mapping 0.34-0.44 s).
 
 Issue 40's PyTorch DCP (item 7): the same checkpoint as the DCP of a 4-rank Shard(0) job,
-converted to a Hugging Face model by kshard-convert at 1.35-1.7 s (1 rank; 0.73-0.92 x `cp -r` of
-the DCP folder durably, over two runs; 80 MiB per rank) against 7.2-8.2 s and 2.9 GiB for what a
-torch user runs (`dcp_to_torch_save`, `torch.load`, `save_file`): 4-6 x faster in a 35th of the
-memory. Reading a
+converted to a Hugging Face model by kshard-convert in 0.90-1.11 s (1 rank; 1.25-1.40 x `cp -r`
+of the DCP folder durably, over two runs; 80 MiB per rank) against 8.1-8.5 s and 2.9 GiB for
+what a torch user runs (`dcp_to_torch_save`, `torch.load`, `save_file`): 7-9 x faster in a 35th
+of the memory. Reading a
 tensor of a DCP into rows or columns runs at 0.99-1.5 x the speed of a pread loop over the same
 pieces' bytes (the io rows of the targets above; rows at 2 ranks were 0.54 x before each rank
 read only the files it needs, on its own MPI-IO handle, with one agreement for all of them).
