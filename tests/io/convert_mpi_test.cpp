@@ -65,8 +65,8 @@ io::Checkpoint write_and_open(const JobCheckpoint& job, const fs::path& folder,
 // A 4-rank job's per-rank shards in a fresh scratch folder, opened on every rank.
 class ConvertJob : public ::testing::Test {
  protected:
-  const Scratch scratch;
-  const JobCheckpoint job;
+  const Scratch scratch{};
+  const JobCheckpoint job{};
   const kshard::Mesh<1> mesh = line();
   const io::Checkpoint model = write_and_open(job, scratch / "model", mesh);
 };
