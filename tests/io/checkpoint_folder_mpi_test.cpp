@@ -229,14 +229,13 @@ TEST_F(CheckpointFolder, PathsARunReadsAndMakes) {
                 "undo file: " + in + second_shard + ".kshard-undo",
                 "undo file's temporary: " + in + second_shard + ".kshard-undo.kshard-partial"}));
 
-  EXPECT_EQ(collective_error([&] {
-              io::refuse_clashes(line.group(), io::checkpoint_outputs(model, out), inputs, "x");
-            }),
+  EXPECT_EQ(collective_error(
+                [&] { io::refuse_clashes(line.group(), io::rewrite_paths(model, out), "x"); }),
             "");
   // The output folder is the checkpoint's, spelled through a subfolder and `..`.
   const std::string message = collective_error([&] {
-    io::refuse_clashes(line.group(), io::checkpoint_outputs(model, folder.path / "1_Pooling/.."),
-                       inputs, "nothing was written");
+    io::refuse_clashes(line.group(), io::rewrite_paths(model, folder.path / "1_Pooling/.."),
+                       "nothing was written");
   });
   EXPECT_NE(message.find("is the checkpoint file '" + in + first_shard +
                          "' (one file); nothing "

@@ -293,7 +293,7 @@ TEST_F(ConvertJob, RefusesAlikeAndWritesNothing) {
   if (kshard::test::world_rank() == 0) durability.durability = io::Durability::page_cache;
   if (kshard::test::world_size() > 1) refuse(durability, scratch / "e", "durability page_cache");
   refuse({}, scratch / "model", "exists; a conversion writes a new folder");
-  refuse({}, scratch / "no" / "such", "of the output does not exist");
+  refuse({}, scratch / "no" / "such", "of the output folder");
   EXPECT_TRUE(all_ranks(!fs::exists(scratch / "a") && !fs::exists(scratch / "c")));
 }
 

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "console.hpp"
@@ -15,6 +16,15 @@
 #include "kshard/error.hpp"
 
 namespace kshard_tools {
+
+// A path argument must not be empty: `OUT=""` or an unset `$OUT` would otherwise name the
+// current folder's `.kshard-partial` (a usage error, exit 2, before anything is read).
+inline const CLI::Validator non_empty_path(
+    [](const std::string& text) {
+      return text.empty() ? std::string("an empty path (an unset variable?); name a file or folder")
+                          : std::string();
+    },
+    "PATH");
 
 // Defines `options` on `app` and parses the command line into them on every rank (rank 0
 // prints CLI's messages), through the command's own `define`, `parse` and `command_line_texts`

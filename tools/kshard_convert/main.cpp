@@ -24,6 +24,7 @@
 #include "kshard/comm/agree.hpp"
 #include "kshard/error.hpp"
 #include "kshard/io/convert.hpp"
+#include "kshard/io/run_paths.hpp"
 #include "kshard/io/verify.hpp"
 #include "kshard/mesh.hpp"
 #include "options.hpp"
@@ -49,6 +50,20 @@ void say_left_out(const std::vector<kshard::io::StoredItem>& items, kshard::io::
       items.size(), items.size() == 1 ? "" : "s", items.size() == 1 ? "is" : "are", names);
 }
 
+// Names the per-rank files found: a folder that lost its last rank's file is not seen in the
+// tensors' shapes unless the config gives them (Checkpoint checks the embedding against it).
+void say_rank_files(const kshard::io::Checkpoint& model) {
+  if (model.form() != kshard::io::CheckpointForm::per_rank_shards) return;
+  const auto& files = model.data_files();
+  const auto name = [&](std::size_t f) { return files[f].path.filename().string(); };
+  say("kshard-convert: found {} per-rank file{}: {}{}\n", files.size(),
+      files.size() == 1 ? "" : "s", name(0),
+      files.size() == 1 ? "" : fmt::format(" ... {}", name(files.size() - 1)));
+  if (!model.config().vocab_size)
+    say("kshard-convert: no config.json gives vocab_size: a missing last rank's file would go "
+        "unnoticed (its rows of sharded tensors, and tensors only it held)\n");
+}
+
 // The conversion; its errors (the same on every rank) become the exit code.
 int convert(const kshard::Mesh<1>& world, const Options& options) {
   try {
@@ -59,7 +74,9 @@ int convert(const kshard::Mesh<1>& world, const Options& options) {
         progress.update(done, total);
       };
     const auto start = std::chrono::steady_clock::now();
+    kshard::io::refuse_unusable_paths(world.group(), {{"output folder OUT", options.out, true}});
     const kshard::io::Checkpoint model(world, options.in);
+    say_rank_files(model);
     if (options.verify)
       say("kshard-convert: verified {} checksum(s) of '{}'\n",
           kshard::io::verify_checksums(world, model), options.in);

@@ -1,5 +1,7 @@
 #include "options.hpp"
 
+#include "../common/command_line.hpp"
+
 #include <cctype>
 #include <cstdint>
 #include <limits>
@@ -19,8 +21,11 @@ void define(CLI::App& app, Options& o) {
   app.add_option("IN", o.in,
                  "a checkpoint: .safetensors file, Hugging Face folder, a folder "
                  "of per-rank shards, or a PyTorch DCP folder")
-      ->required();
-  app.add_option("OUT", o.out, "the new folder to write (must not exist)")->required();
+      ->required()
+      ->check(kshard_tools::non_empty_path);
+  app.add_option("OUT", o.out, "the new folder to write (must not exist)")
+      ->required()
+      ->check(kshard_tools::non_empty_path);
   app.add_option("--to", o.to,
                  "hf: a consolidated Hugging Face model (default); sharded: the "
                  "per-rank shards a job on --mesh with --layout writes; dcp: the PyTorch DCP "

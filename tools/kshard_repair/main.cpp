@@ -28,12 +28,16 @@ using namespace kshard_repair;
 
 // The job, its failures turned into their exit codes (the same on every rank).
 int run_job(const kshard::comm::Group& world, const Options& options) {
+  bool paths_checked = false;
+  const auto how = [&] {
+    return paths_checked ? ReportWrite::replace : ReportWrite::new_file_only;
+  };
   try {
-    return run(world, options);
+    return run(world, options, paths_checked);
   } catch (const Failure& failure) {
-    return fail(world, options, failure);
+    return fail(world, options, failure, how());
   } catch (const kshard::error& e) {
-    return fail(world, options, Failure{usage_or_io, e.what()});
+    return fail(world, options, Failure{usage_or_io, e.what()}, how());
   }
 }
 

@@ -1,5 +1,7 @@
 #include "options.hpp"
 
+#include "../common/command_line.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -7,10 +9,13 @@ namespace kshard_repair {
 
 void define(CLI::App& app, Options& o) {
   app.set_version_flag("--version", fmt::format("kshard-repair {}", KSHARD_VERSION_TEXT));
-  app.add_option("MODEL", o.model, "a .safetensors file or a checkpoint folder")->required();
+  app.add_option("MODEL", o.model, "a .safetensors file or a checkpoint folder")
+      ->required()
+      ->check(kshard_tools::non_empty_path);
   auto* out = app.add_option("--out", o.out,
                              "write the repaired checkpoint here (a file for a file, a folder "
-                             "for a folder)");
+                             "for a folder)")
+                  ->check(kshard_tools::non_empty_path);
   app.add_option("--to", o.to,
                  "with --out: hf writes a consolidated Hugging Face model; sharded per-rank "
                  "safetensors shards, dcp a PyTorch DCP folder, each with the input's split "
@@ -28,7 +33,8 @@ void define(CLI::App& app, Options& o) {
   out->excludes(in_place, dry_run, undo);
   in_place->excludes(dry_run, undo);
   dry_run->excludes(undo);
-  app.add_option("--report", o.report, "write a JSON report here");
+  app.add_option("--report", o.report, "write a JSON report here")
+      ->check(kshard_tools::non_empty_path);
   app.add_option("--embed", o.embed, "input embedding tensor (default: detected)");
   app.add_option("--lm-head", o.lm_head, "output embedding tensor (default: detected)");
   app.add_option("--strategy", o.strategy, "where repaired rows take their direction from")

@@ -1,7 +1,9 @@
 #pragma once
 
-// Which files a kshard-repair run reads and makes: none it makes may be one it reads, and the
-// report may be none of them, however the paths are spelled. Rank 0 looks; every rank gets its
+// Which paths a kshard-repair run writes, checked with kshard::io's guard (io/run_paths.hpp):
+// first the paths as given (none empty, each in a folder that exists), then, once the checkpoint
+// is open, every path the run makes (the output, its temporaries, undo files, the report)
+// against every file it reads in every form and every folder it copies. Every rank gets the
 // verdict as the same Failure (exit 2), before anything is written.
 
 #include "kshard/comm/group.hpp"
@@ -10,15 +12,15 @@
 
 namespace kshard_repair {
 
-// Before the checkpoint is opened: --report must not overwrite MODEL or --out. A file of a
-// checkpoint folder is judged by its name here (the weights, their index, the config, kshard's
-// undo files); check_paths checks the files exactly, once the checkpoint is open.
-void check_report_path(const kshard::comm::Group& group, const Options& options);
+// True when --out is written by a conversion (per-rank shards, DCP, or --to), false when the
+// checkpoint is rewritten as it is stored (io::write_checkpoint).
+bool writes_by_conversion(const Options& options, const kshard::io::Checkpoint& model);
 
-// After opening `model`, before anything is written: no file the run makes (--out: each
-// output, its temporary and the copies of the folder's JSON files; --in-place: the undo files
-// and their temporaries) is a file it reads (the weights, config.json, the index; with --undo
-// the undo files), and --report is none of these, by device and inode (through links and `..`).
+// Before the checkpoint is opened: --out and --report are usable paths.
+void check_given_paths(const kshard::comm::Group& group, const Options& options);
+
+// After opening `model`, before anything is written, the report included: no path the run
+// makes is a file it reads or makes otherwise, or lies inside a folder it copies or makes.
 void check_paths(const kshard::comm::Group& group, const Options& options,
                  const kshard::io::Checkpoint& model);
 

@@ -1,10 +1,13 @@
 #include "report.hpp"
 
+#include <fcntl.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
-#include <fstream>
+#include <cstring>
 #include <optional>
 
 #include <fmt/ranges.h>
@@ -70,14 +73,23 @@ nlohmann::json hashes_json(const std::map<std::string, std::uint64_t>& hashes) {
 }
 
 void write_report(const kshard::comm::Group& group, const std::string& path,
-                  const nlohmann::json& json) {
+                  const nlohmann::json& json, ReportWrite how) {
   std::optional<std::string> problem;
   if (group.rank() == 0) {
-    std::ofstream out(path, std::ios::trunc);
     // Paths and names are bytes, not always UTF-8: replaced (U+FFFD) rather than a throw on
     // rank 0 alone.
-    out << json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
-    if (!out.good()) problem = fmt::format("cannot write the report '{}'", path);
+    const std::string text =
+        json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + '\n';
+    const int mode = how == ReportWrite::replace ? O_TRUNC : O_EXCL;
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | mode, 0644);
+    const bool written =
+        fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    if (!written)
+      problem = fmt::format("cannot write the report '{}': {}", path,
+                            fd < 0 && errno == EEXIST
+                                ? "it exists, and the run ended before its paths were checked"
+                                : std::strerror(errno));
+    if (fd >= 0) ::close(fd);
   }
   try {
     kshard::comm::throw_if_any(group, problem);
@@ -86,7 +98,8 @@ void write_report(const kshard::comm::Group& group, const std::string& path,
   }
 }
 
-int fail(const kshard::comm::Group& group, const Options& options, const Failure& failure) {
+int fail(const kshard::comm::Group& group, const Options& options, const Failure& failure,
+         ReportWrite how) {
   const char* kind = failure.code == refused ? "refused" : "error";
   say("kshard-repair: {}: {}\n", kind, failure.message);
   if (!options.report.empty() && failure.report_writable) {
@@ -94,7 +107,8 @@ int fail(const kshard::comm::Group& group, const Options& options, const Failure
       write_report(group, options.report,
                    {{"status", kind},
                     {"message", failure.message},
-                    {"exit_code", static_cast<int>(failure.code)}});
+                    {"exit_code", static_cast<int>(failure.code)}},
+                   how);
     } catch (const Failure&) {  // the failure being reported is the one that matters
     }
   }

@@ -50,13 +50,18 @@ nlohmann::json report_json(const kshard::RepairReport& report, const std::vector
 // Tensor hashes (io::tensor_hashes) as the report writes them, "fnv1a64:<16 hex digits>".
 nlohmann::json hashes_json(const std::map<std::string, std::uint64_t>& hashes);
 
+// How a report may be written: over a file only once check_paths has cleared its path (so it
+// is no file the run reads or makes), before that only as a new file.
+enum class ReportWrite { new_file_only, replace };
+
 // Rank 0 writes `json` to the report file `path`; every rank of `group` learns whether it
 // could (a Failure that leaves the report alone where it could not).
 void write_report(const kshard::comm::Group& group, const std::string& path,
-                  const nlohmann::json& json);
+                  const nlohmann::json& json, ReportWrite how = ReportWrite::replace);
 
-// Prints the failure (rank 0), records it in the report when there is one, and returns its
-// exit code. Collective over `group` when there is a report.
-int fail(const kshard::comm::Group& group, const Options& options, const Failure& failure);
+// Prints the failure (rank 0), records it in the report when there is one (`how`), and returns
+// its exit code. Collective over `group` when there is a report.
+int fail(const kshard::comm::Group& group, const Options& options, const Failure& failure,
+         ReportWrite how);
 
 }  // namespace kshard_repair

@@ -34,22 +34,6 @@ namespace {
 namespace io = kshard::io;
 using kshard::index_t;
 
-// Names the first found is taken for, when --embed / --lm-head are not given.
-constexpr std::array embed_names{"model.embed_tokens.weight",
-                                 "transformer.wte.weight",
-                                 "embeddings.word_embeddings.weight",
-                                 "bert.embeddings.word_embeddings.weight",
-                                 "model.embeddings.word_embeddings.weight",
-                                 "gpt_neox.embed_in.weight",
-                                 "transformer.word_embeddings.weight",
-                                 "model.decoder.embed_tokens.weight",
-                                 "tok_embeddings.weight",
-                                 "embed_tokens.weight",
-                                 "wte.weight",
-                                 "word_embeddings.weight"};
-constexpr std::array lm_head_names{"lm_head.weight", "model.lm_head.weight", "embed_out.weight",
-                                   "output.weight"};
-
 // The tensor to use: the one named, else the first of `candidates` present.
 std::optional<std::string> pick(const io::Checkpoint& model, const std::string& given,
                                 const auto& candidates, const char* what) {
@@ -58,7 +42,7 @@ std::optional<std::string> pick(const io::Checkpoint& model, const std::string& 
       throw Failure{refused, fmt::format("the checkpoint has no {} tensor '{}'", what, given)};
     return given;
   }
-  for (const char* name : candidates)
+  for (const std::string_view name : candidates)
     if (model.contains(name)) return std::string(name);
   return std::nullopt;
 }
@@ -140,7 +124,7 @@ std::vector<std::string> write_result(const Options& options, const io::Checkpoi
   }
   const auto durability = options.no_sync ? io::Durability::page_cache : io::Durability::fsync;
   std::vector<std::filesystem::path> paths;
-  if (in_pieces || !options.to.empty()) {
+  if (writes_by_conversion(options, model)) {
     io::ConvertOptions convert;  // sharded and dcp: no mesh, the input's split
     convert.form = options.to == "hf"        ? io::OutputForm::hf
                    : options.to == "sharded" ? io::OutputForm::sharded
@@ -335,18 +319,19 @@ std::string layout_text(const std::vector<kshard::PlacementSpec>& layout) {
 
 template <std::size_t N>
 int run_on(const Options& options, const kshard::Mesh<N>& mesh,
-           const std::vector<kshard::PlacementSpec>& layout) {
+           const std::vector<kshard::PlacementSpec>& layout, bool& paths_checked) {
   const io::Checkpoint model(mesh, options.model);
   check_paths(mesh.group(), options, model);
+  paths_checked = true;
   // Before any work: a report that cannot be written is an error.
   if (!options.report.empty()) write_report(mesh.group(), options.report, {{"status", "running"}});
   if (options.undo) return undo(model, mesh);
-  const auto embed = pick(model, options.embed, embed_names, "input embedding");
+  const auto embed = pick(model, options.embed, io::known_embedding_names, "input embedding");
   if (!embed)
     throw Failure{refused, fmt::format("found no input embedding in '{}' (looked for {}); name "
                                        "it with --embed",
-                                       options.model, fmt::join(embed_names, ", "))};
-  auto lm_head = pick(model, options.lm_head, lm_head_names, "LM head");
+                                       options.model, fmt::join(io::known_embedding_names, ", "))};
+  auto lm_head = pick(model, options.lm_head, io::known_lm_head_names, "LM head");
   const bool tied = model.config().tie_word_embeddings.value_or(!lm_head.has_value());
   if (options.strategy == "mean" || (options.strategy.empty() && tied)) lm_head.reset();
   if (options.strategy == "output" && !lm_head)
@@ -365,8 +350,8 @@ int run_on(const Options& options, const kshard::Mesh<N>& mesh,
 
 }  // namespace
 
-int run(const kshard::comm::Group& world, const Options& options) {
-  if (!options.report.empty()) check_report_path(world, options);
+int run(const kshard::comm::Group& world, const Options& options, bool& paths_checked) {
+  check_given_paths(world, options);
   std::vector<int> shape;
   std::vector<kshard::PlacementSpec> layout;
   try {
@@ -381,11 +366,11 @@ int run(const kshard::comm::Group& world, const Options& options) {
   }
   if (shape.size() == 1) {
     const kshard::Mesh<1> mesh(MPI_COMM_WORLD, {shape[0]});
-    return run_on(options, mesh, layout);
+    return run_on(options, mesh, layout, paths_checked);
   }
   if (shape.size() == 2) {
     const kshard::Mesh<2> mesh(MPI_COMM_WORLD, {shape[0], shape[1]}, {"dp", "tp"});
-    return run_on(options, mesh, layout);
+    return run_on(options, mesh, layout, paths_checked);
   }
   throw Failure{usage_or_io, fmt::format("--mesh {} has {} dimensions; kshard-repair takes 1 or 2",
                                          options.mesh, shape.size())};

@@ -10,6 +10,8 @@ namespace kshard_repair {
 
 // Runs the job; returns the exit code, or throws a Failure or a kshard::error (exit 2), the
 // same on every rank. Collective over `world` (every rank of MPI_COMM_WORLD).
-int run(const kshard::comm::Group& world, const Options& options);
+// `paths_checked` is set once every path the run writes was checked (check_paths): from then
+// on the report may replace a file.
+int run(const kshard::comm::Group& world, const Options& options, bool& paths_checked);
 
 }  // namespace kshard_repair

@@ -33,9 +33,16 @@
 /// missing path, an index that is not JSON, names a file outside the folder or a tensor its file
 /// lacks, a tensor in two shards, per-rank shards whose pieces do not tile a tensor exactly (a
 /// gap, an overlap, a dtype or rank that differs between files, sharding info that is not JSON
-/// or names a tensor its file lacks, a file without it), and a config.json field of the wrong
-/// type or range.
+/// or names a tensor its file lacks, a file without it), a config.json field of the wrong
+/// type or range, per-rank shards whose embedding or LM head (`known_embedding_names`,
+/// `known_lm_head_names`) has other rows or columns than the config's `vocab_size` and
+/// `hidden_size` (a rank's file missing: shards store no global shape), any input that is not a
+/// regular file (a FIFO, socket, device or folder: opened non-blocking, never waited on), and
+/// a DCP folder whose files are other bytes on some rank than on rank 0 (node-local copies that
+/// differ: each file's size and every byte rank 0 read to learn the layout are compared;
+/// tensor bytes only by `io::verify_checksums`).
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -67,8 +74,28 @@ struct ModelConfig {
   /// The padding id (zeroed on purpose in many models); also unset when negative (Hugging Face
   /// writes -1 for none).
   std::optional<index_t> pad_token_id;
-  std::optional<index_t> vocab_size;  ///< the tokenizer's vocabulary size
+  std::optional<index_t> vocab_size;   ///< the tokenizer's vocabulary size
+  std::optional<index_t> hidden_size;  ///< the width of the embedding
 };
+
+/// The names models give their input embedding, most common first (kshard-repair takes the
+/// first one present, and opening per-rank shards checks its shape against config.json).
+inline constexpr std::array<std::string_view, 12> known_embedding_names{
+    "model.embed_tokens.weight",
+    "transformer.wte.weight",
+    "embeddings.word_embeddings.weight",
+    "bert.embeddings.word_embeddings.weight",
+    "model.embeddings.word_embeddings.weight",
+    "gpt_neox.embed_in.weight",
+    "transformer.word_embeddings.weight",
+    "model.decoder.embed_tokens.weight",
+    "tok_embeddings.weight",
+    "embed_tokens.weight",
+    "wte.weight",
+    "word_embeddings.weight"};
+/// The names models give their LM head (output embedding).
+inline constexpr std::array<std::string_view, 4> known_lm_head_names{
+    "lm_head.weight", "model.lm_head.weight", "embed_out.weight", "output.weight"};
 
 /// The name of the index file of a sharded checkpoint.
 inline constexpr std::string_view safetensors_index_name = "model.safetensors.index.json";
@@ -113,8 +140,9 @@ class Checkpoint {
     }
     const auto index_path = path_ / safetensors_index_name;
     if (const auto index = detail::read_small_file(group, index_path)) {
+      description_files_.push_back(index_path);
       open_indexed(mesh, detail::parse_weight_map(*index, index_path), index_path);
-    } else if (rank0_sees_file(group, path_ / safetensors_single_name)) {
+    } else if (rank0_sees(group, path_ / safetensors_single_name)) {
       open_single(mesh, path_ / safetensors_single_name);
     } else if (rank0_sees_dcp(group, path_)) {
       open_dcp(group);
@@ -123,6 +151,7 @@ class Checkpoint {
       open_shards(mesh, detail::list_safetensors(group, path_));
       // A training job keeps the config beside its shards in .hf_metadata/ (NeMo AutoModel).
       if (!configured) read_config(group, path_ / ".hf_metadata" / "config.json");
+      check_inferred_shapes();
     }
   }
 
@@ -145,6 +174,11 @@ class Checkpoint {
   [[nodiscard]] const std::vector<StoredChecksum>& checksums() const { return checksums_; }
   /// How it is stored.
   [[nodiscard]] CheckpointForm form() const { return form_; }
+  /// The files read to learn what it holds, beside `data_files()`: the index, the config.json
+  /// read, a DCP folder's `.metadata` (or each rank's), as rank 0 found them.
+  [[nodiscard]] const std::vector<std::filesystem::path>& description_files() const {
+    return description_files_;
+  }
   /// True when it holds tensor `name`.
   [[nodiscard]] bool contains(std::string_view name) const {
     return tensors_.find(std::string(name)) != tensors_.end();
@@ -191,20 +225,25 @@ class Checkpoint {
     auto pad = detail::config_field<index_t>(config, "pad_token_id", path);
     if (pad && *pad < 0) pad.reset();  // Hugging Face configs write -1 for "no padding token"
     return {detail::config_field<bool>(config, "tie_word_embeddings", path), pad,
-            detail::config_field<index_t>(config, "vocab_size", path)};
+            detail::config_field<index_t>(config, "vocab_size", path),
+            detail::config_field<index_t>(config, "hidden_size", path)};
   }
 
   // Reads config.json at `path` when it exists; says whether it did.
   bool read_config(const comm::Group& group, const std::filesystem::path& path) {
     const auto text = detail::read_small_file(group, path);
-    if (text) config_ = parse_config(*text, path);
+    if (text) {
+      config_ = parse_config(*text, path);
+      description_files_.push_back(path);
+    }
     return text.has_value();
   }
 
-  // True when rank 0 sees a file at `path` (the same answer on every rank).
-  static bool rank0_sees_file(const comm::Group& group, const std::filesystem::path& path) {
+  // True when rank 0 sees something at `path` (the same answer on every rank); one that is not
+  // a regular file is refused when it is opened.
+  static bool rank0_sees(const comm::Group& group, const std::filesystem::path& path) {
     std::error_code ec;  // rank 0 alone looks: it must not throw
-    std::int64_t seen = group.rank() == 0 && std::filesystem::is_regular_file(path, ec);
+    std::int64_t seen = group.rank() == 0 && std::filesystem::exists(path, ec);
     group.bcast(&seen, 1, 0);
     return seen != 0;
   }
@@ -255,6 +294,30 @@ class Checkpoint {
     place_pieces(0);
   }
 
+  // Per-rank shards store no global shape: a tensor's is inferred from its pieces, so a folder
+  // that lost its last rank's file reads as smaller tensors. Where the config names the
+  // vocabulary size and width, the embedding and LM head must have them. The config and the
+  // headers are alike on every rank, so is the error.
+  void check_inferred_shapes() const {
+    const auto check = [&](std::string_view name) {
+      if (!contains(name)) return;
+      const StoredTensor& tensor = tensors_.at(std::string(name));
+      const auto rows = tensor.shape.empty() ? 0 : tensor.shape[0];
+      const auto cols = tensor.shape.size() < 2 ? 0 : tensor.shape[1];
+      if ((config_.vocab_size && rows != *config_.vocab_size) ||
+          (config_.hidden_size && cols != *config_.hidden_size))
+        throw error(fmt::format(
+            "kshard::io: the per-rank shards of '{}' ({} files) make {} of shape {}, but the "
+            "config gives vocab_size {} and hidden_size {}: a rank's file is missing, or the "
+            "config is another model's",
+            path_.string(), files_.size(), detail::in_quotes(name), shape_text(tensor.shape),
+            config_.vocab_size ? fmt::format("{}", *config_.vocab_size) : "(none)",
+            config_.hidden_size ? fmt::format("{}", *config_.hidden_size) : "(none)"));
+    };
+    for (const std::string_view name : known_embedding_names) check(name);
+    for (const std::string_view name : known_lm_head_names) check(name);
+  }
+
   // Reads a PyTorch DCP folder (rank 0, then a broadcast).
   void open_dcp(const comm::Group& group) {
     form_ = CheckpointForm::dcp;
@@ -263,6 +326,8 @@ class Checkpoint {
     tensors_ = std::move(contents.tensors);
     other_items_ = std::move(contents.other_items);
     checksums_ = std::move(contents.checksums);
+    description_files_.insert(description_files_.end(), contents.metadata_files.begin(),
+                              contents.metadata_files.end());
   }
 
   // The stored tensors of the files: whole tensors, or pieces where the files carry sharding
@@ -312,6 +377,7 @@ class Checkpoint {
   std::map<std::string, StoredTensor> tensors_;
   std::vector<StoredItem> other_items_;
   std::vector<StoredChecksum> checksums_;
+  std::vector<std::filesystem::path> description_files_;
 };
 
 }  // namespace kshard::io

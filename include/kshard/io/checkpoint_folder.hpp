@@ -5,8 +5,9 @@
 /// (kshard-repair is one): a new checkpoint written beside the old one, its folder copied but
 /// its weights (`write_checkpoint`); the undo files of in-place writes found, checked and
 /// restored (`files_with_undo`, `undo_checkpoint`); the paths a run reads and makes, checked so
-/// that none it makes is one it reads (`checkpoint_inputs`, `checkpoint_outputs`,
-/// `undo_outputs`, `refuse_clashes`); and a hash of every tensor (`tensor_hashes`).
+/// that none it makes is one it reads or lies inside a folder it copies (`rewrite_paths`,
+/// `conversion_paths`, `in_place_paths`, `refuse_clashes`); and a hash of every tensor
+/// (`tensor_hashes`).
 ///
 ///     kshard::io::Checkpoint model(mesh, "path/to/model");
 ///     auto written = kshard::io::write_checkpoint(
@@ -40,6 +41,7 @@
 #include "kshard/io/durability.hpp"
 #include "kshard/io/named_path.hpp"
 #include "kshard/io/row_patch.hpp"
+#include "kshard/io/run_paths.hpp"
 #include "kshard/io/safetensors.hpp"
 #include "kshard/mesh.hpp"
 #include "kshard/placement.hpp"
@@ -61,82 +63,6 @@ inline std::optional<std::string> dcp_problem(const io::Checkpoint& model, std::
 
 namespace kshard::io {
 
-/// The undo file an in-place write of the weights file `weights` keeps beside it (the name
-/// `kshard-repair --in-place` gives it, and `undo_checkpoint` looks for): `weights` +
-/// ".kshard-undo".
-[[nodiscard]] inline std::filesystem::path undo_path_of(const std::filesystem::path& weights) {
-  return weights.string() + ".kshard-undo";
-}
-
-/// Where weights file `file` of `model` goes when `model` is written to `out`: `out` itself for
-/// a single file, `out`/its name for a folder.
-[[nodiscard]] inline std::filesystem::path output_path_of(const Checkpoint& model,
-                                                          const SafetensorsFile& file,
-                                                          const std::filesystem::path& out) {
-  return model.is_folder() ? out / file.path().filename() : out;
-}
-
-/// The files a run over `model` reads: its weights files, its folder's config.json and index
-/// where they exist, and with `with_undo_files` the undo file beside each weights file
-/// (`undo_path_of`). Local: looks at the file system, changes nothing.
-[[nodiscard]] inline std::vector<NamedPath> checkpoint_inputs(const Checkpoint& model,
-                                                              bool with_undo_files) {
-  std::vector<NamedPath> inputs;
-  for (const auto& file : model.files()) {
-    inputs.push_back({"checkpoint file", file.path()});
-    if (with_undo_files) inputs.push_back({"undo file", undo_path_of(file.path())});
-  }
-  const auto folder = model.is_folder() ? model.path() : model.path().parent_path();
-  for (const auto& json : {folder / "config.json", folder / safetensors_index_name}) {
-    std::error_code absent;
-    if (std::filesystem::exists(json, absent)) inputs.push_back({"checkpoint file", json});
-  }
-  return inputs;
-}
-
-/// The files `write_checkpoint(mesh, model, out, ...)` creates or replaces: each weights file's
-/// output and its temporary, and for a folder the copies of its JSON files. Local.
-[[nodiscard]] inline std::vector<NamedPath> checkpoint_outputs(const Checkpoint& model,
-                                                               const std::filesystem::path& out) {
-  std::vector<NamedPath> made;
-  for (const auto& file : model.files()) {
-    const auto output = output_path_of(model, file, out);
-    made.push_back({"output", output});
-    made.push_back({"output's temporary", detail::partial_path(output)});
-  }
-  if (model.is_folder())
-    for (const auto& input : checkpoint_inputs(model, false))
-      if (input.path.extension() == ".json") made.push_back({"copy", out / input.path.filename()});
-  return made;
-}
-
-/// The files in-place writes of every weights file of `model` make, with undo files named by
-/// `undo_path_of`: the undo files and their temporaries. Local.
-[[nodiscard]] inline std::vector<NamedPath> undo_outputs(const Checkpoint& model) {
-  std::vector<NamedPath> made;
-  for (const auto& file : model.files()) {
-    made.push_back({"undo file", undo_path_of(file.path())});
-    made.push_back({"undo file's temporary", detail::partial_path(undo_path_of(file.path()))});
-  }
-  return made;
-}
-
-/// Collective over `group` (a mesh's `group()`): rank 0 compares every path of `made` (files an
-/// operation creates, truncates, renames or removes) with every path of `read` by the file they
-/// name (device and inode, through symbolic links and `..`; a path that does not exist yet by
-/// its folder and name). Where one names a file of `read`, every rank throws the same
-/// `kshard::error`, "kshard::io: the ROLE 'PATH' is the ROLE 'PATH' (one file); " followed by
-/// `consequence`. Only rank 0's lists are read. Cost: a stat per path and pair on rank 0, one
-/// agreement.
-inline void refuse_clashes(const comm::Group& group, const std::vector<NamedPath>& made,
-                           const std::vector<NamedPath>& read, std::string_view consequence) {
-  std::optional<std::string> problem;
-  if (group.rank() == 0)
-    if (auto clash = detail::first_clash(made, read))
-      problem = fmt::format("kshard::io: {}; {}", *clash, consequence);
-  detail::agree(group, std::move(problem));
-}
-
 /// Writes `model` as a new checkpoint at `out`, with the tensors (or rows) `updates` name
 /// replaced: for a single file, `write_safetensors(mesh, file, out, updates)`; for a folder,
 /// rank 0 makes `out` (it may exist) and copies the folder into it but the weights and kshard's
@@ -144,8 +70,9 @@ inline void refuse_clashes(const comm::Group& group, const std::vector<NamedPath
 /// weights file is written by `write_safetensors` with the updates of its tensors. Returns the
 /// weights files written, the same on every rank. Collective over `mesh`. Every rank throws the
 /// same `kshard::error`, nothing written, for an `out` or update that differs between ranks, an
-/// update of a tensor the checkpoint lacks, and a path it makes that `model` reads
-/// (`checkpoint_outputs` against `checkpoint_inputs`); after a failed copy or write, rank 0
+/// update of a tensor the checkpoint lacks, an unusable `out` (`unusable_path_problem`), and a
+/// path it makes that `model` reads or that lies inside the folder it copies
+/// (`rewrite_paths`); after a failed copy or write, rank 0
 /// removes what the call made (the folder it created, or what it added to one that existed,
 /// and the weights written), so that no half-written checkpoint is left. Cost: the copies,
 /// then `write_safetensors`' per file, each written with `durability`.
@@ -171,10 +98,11 @@ std::vector<std::filesystem::path> write_checkpoint(const Mesh<N>& mesh, const C
             : fmt::format("kshard::io: the checkpoint '{}' has no tensor {} to replace",
                           model.path().string(), detail::in_quotes(u.name())));
   }
-  if (mesh.my_rank() == 0)
-    if (auto clash =
-            detail::first_clash(checkpoint_outputs(model, out), checkpoint_inputs(model, false)))
+  if (mesh.my_rank() == 0) {
+    agreement.problem(unusable_path_problem({"output", out, model.is_folder()}));
+    if (auto clash = detail::first_clash(rewrite_paths(model, out)))
       agreement.problem(fmt::format("kshard::io: {}; nothing was written", *clash));
+  }
   agreement.settle();
   if (!model.is_folder()) {
     write_safetensors(mesh, model.files().front(), out, updates, durability);

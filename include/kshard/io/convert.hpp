@@ -59,6 +59,7 @@
 #include "kshard/io/detail/dcp/output.hpp"
 #include "kshard/io/detail/patches.hpp"
 #include "kshard/io/row_patch.hpp"
+#include "kshard/io/run_paths.hpp"
 #include "kshard/mesh.hpp"
 
 namespace kshard::detail {
@@ -153,8 +154,9 @@ namespace kshard::io {
 /// run refuses to touch until it is removed). Every rank throws the same `kshard::error`, with
 /// `out` absent and nothing of `model` changed, for options that differ between ranks or cannot be
 /// written (a layout that does not fit the mesh, a Partial, a layout giving a rank a non-contiguous
-/// part of a tensor), an `out` or temporary folder that exists, a missing parent folder, and any
-/// failed read or write.
+/// part of a tensor), an empty `out`, an `out` or temporary folder that exists, a missing parent
+/// folder, an `out` inside a folder the conversion copies (`conversion_paths`: a Hugging Face
+/// folder, `.hf_metadata/`), and any failed read or write.
 template <std::size_t N>
 std::vector<std::filesystem::path> convert_checkpoint(const Mesh<N>& mesh, const Checkpoint& model,
                                                       const std::filesystem::path& out_given,
@@ -169,7 +171,12 @@ std::vector<std::filesystem::path> convert_checkpoint(const Mesh<N>& mesh, const
   detail::same_text(agreement, "the options", detail::options_text(options));
   agreement.problem(detail::options_problem(options));
   detail::agree_on_patches(agreement, model, patches);
-  if (mesh.my_rank() == 0) agreement.problem(detail::output_folder_problem(out));
+  if (mesh.my_rank() == 0) {
+    agreement.problem(unusable_path_problem({"output folder", out_given, true}));
+    agreement.problem(detail::output_folder_problem(out));
+    if (auto clash = detail::first_clash(conversion_paths(model, out)))
+      agreement.problem(fmt::format("kshard::io: {}; nothing was written", *clash));
+  }
   agreement.settle();
   const detail::DurabilityScope scope(options.durability);
   std::vector<detail::OutputFile> files;

@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <system_error>
 #include <type_traits>
@@ -24,6 +25,7 @@
 #include "kshard/index.hpp"
 #include "kshard/io/detail/collective.hpp"
 #include "kshard/io/detail/posix.hpp"
+#include "kshard/io/detail/same_copies.hpp"
 #include "kshard/io/safetensors_header.hpp"
 
 namespace kshard::detail {
@@ -31,8 +33,10 @@ namespace kshard::detail {
 // The largest JSON file (index or config) kshard reads: real ones are kilobytes.
 inline constexpr std::uint64_t max_json_file_size = std::uint64_t{64} << 20;
 
-// Rank 0 reads a small text file, every rank gets its bytes (nullopt when it does not exist).
-// Every rank throws the same error when it cannot be read or is too large.
+// Rank 0 reads a small text file, every rank gets its bytes (nullopt when it does not exist),
+// and every other rank compares its own copy with them (node-local copies that differ are
+// refused: io/detail/same_copies.hpp). Every rank throws the same error when it cannot be read
+// or is too large.
 inline std::optional<std::string> read_small_file(const comm::Group& group,
                                                   const std::filesystem::path& path) {
   std::optional<std::string> problem;
@@ -42,13 +46,15 @@ inline std::optional<std::string> read_small_file(const comm::Group& group,
   if (group.rank() == 0 && std::filesystem::exists(path, ec)) {
     state = 1;
     problem = attempt([&] {
-      const std::uint64_t size = std::filesystem::file_size(path);
+      const ScopedFd fd(open_or_throw(path, O_RDONLY));  // a regular file, or refused
+      struct stat info {};
+      const auto size =
+          ::fstat(fd.get(), &info) == 0 ? static_cast<std::uint64_t>(info.st_size) : 0;
       if (size > max_json_file_size)
         throw error(
             fmt::format("kshard::io: '{}' has {} bytes, more than the {} a JSON file of a "
                         "checkpoint may have",
                         path.string(), size, max_json_file_size));
-      const ScopedFd fd(open_or_throw(path, O_RDONLY));
       text.resize(size);
       throw_if(pread_exactly(fd.get(), text.data(), size, 0, path.string()));
     });
@@ -57,6 +63,11 @@ inline std::optional<std::string> read_small_file(const comm::Group& group,
   group.bcast(&state, 1, 0);
   if (state == 0) return std::nullopt;
   broadcast_text(text, group);
+  agree_on_copies(group,
+                  {{path,
+                    text.size(),
+                    {{0, text.size()}},
+                    ReadLog::continue_hash(Fnv1a64().value(), std::as_bytes(std::span(text)))}});
   return text;
 }
 

@@ -108,18 +108,6 @@ inline std::optional<std::string> options_problem(const io::ConvertOptions& o) {
   return std::nullopt;
 }
 
-// `out` without trailing separators ("out/" names the folder "out").
-inline std::filesystem::path folder_path(const std::filesystem::path& out) {
-  std::string text = out.string();
-  while (text.size() > 1 && text.back() == '/') text.pop_back();
-  return text;
-}
-
-// Where the output folder is made until it is complete (beside it: the rename is atomic).
-inline std::filesystem::path partial_folder(const std::filesystem::path& out) {
-  return out.string() + ".kshard-partial";
-}
-
 // Rank 0's checks of the output paths, before anything is made: the output does not exist, nor
 // does its temporary folder (an interrupted conversion's: removed only by the user), and its
 // parent folder does.

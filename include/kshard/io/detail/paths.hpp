@@ -10,14 +10,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -36,7 +39,7 @@ struct PathId {
   dev_t device = 0;
   ino_t inode = 0;
   std::string name;  // empty for an existing file
-  bool operator==(const PathId&) const = default;
+  auto operator<=>(const PathId&) const = default;
 };
 
 // stat() follows links and resolves `..` as the kernel does (after a linked folder, not
@@ -50,19 +53,68 @@ inline std::optional<PathId> path_id(const std::filesystem::path& path) {
   return PathId{info.st_dev, info.st_ino, path.filename().string()};
 }
 
-// The first path of `made` (created, truncated, renamed or removed) that names a file of `read`,
-// as "the ROLE 'PATH' is the ROLE 'PATH' (one file)", or nothing.
-inline std::optional<std::string> first_clash(const std::vector<io::NamedPath>& made,
-                                              const std::vector<io::NamedPath>& read) {
-  for (const io::NamedPath& m : made) {
-    const auto id = path_id(m.path);
-    if (!id) continue;  // in a folder that does not exist: no file is there
-    for (const io::NamedPath& r : read)
-      if (path_id(r.path) == id)
-        return fmt::format("the {} '{}' is the {} '{}' (one file)", m.role, m.path.string(), r.role,
-                           r.path.string());
+// `path` absolute, its existing part resolved as the kernel resolves it (links, `..`), the rest
+// as written: a path lies inside a folder when this form of the folder is a prefix of its.
+inline std::filesystem::path resolved(const std::filesystem::path& path) {
+  std::error_code ignored;  // on failure: the path made absolute, as written
+  std::filesystem::path result =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(path, ignored), ignored);
+  if (result.empty()) result = std::filesystem::absolute(path, ignored).lexically_normal();
+  return result.has_filename() ? result : result.parent_path();
+}
+
+// True when `inner` is the folder `outer` (resolved) or lies inside it.
+inline bool lies_within(const std::filesystem::path& inner, const std::filesystem::path& outer) {
+  return std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end()).first == outer.end();
+}
+
+// The files in the folder `folder` and its subfolders (links followed, as a copy follows them),
+// each named as a file of it; at most 100000 (a folder of side files holds a few).
+inline void add_files_of(const io::NamedPath& folder, std::vector<io::NamedPath>& files) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto options = fs::directory_options::follow_directory_symlink |
+                       fs::directory_options::skip_permission_denied;
+  std::size_t seen = 0;
+  for (fs::recursive_directory_iterator it(folder.path, options, ec), end;
+       !ec && it != end && ++seen <= 100000; it.increment(ec))
+    if (it->is_regular_file(ec)) files.push_back({"file of the " + folder.role, it->path()});
+}
+
+// The first clash of `paths` (see io::RunPaths), as "the ROLE 'PATH' is the ROLE 'PATH' (one
+// file)" or "... lies inside the ROLE 'PATH'", or nothing. Each path is looked at once.
+inline std::optional<std::string> first_clash(const io::RunPaths& paths) {
+  std::map<PathId, const io::NamedPath*> files;  // what each existing or future file is
+  for (const io::NamedPath& r : paths.reads)
+    if (const auto id = path_id(r.path)) files.emplace(*id, &r);
+  std::vector<io::NamedPath> copied;  // each file of a copied folder (a hard link elsewhere)
+  for (const io::NamedPath& c : paths.copies) add_files_of(c, copied);
+  for (const io::NamedPath& r : copied)
+    if (const auto id = path_id(r.path)) files.emplace(*id, &r);
+  std::vector<std::pair<std::filesystem::path, const io::NamedPath*>> folders;
+  for (const io::NamedPath& c : paths.copies) folders.emplace_back(resolved(c.path), &c);
+  for (const io::NamedPath& m : paths.makes)
+    if (m.folder) folders.emplace_back(resolved(m.path), &m);
+  for (const io::NamedPath& m : paths.makes) {
+    if (const auto id = path_id(m.path)) {  // in a folder that does not exist: no file is there
+      const auto [it, added] = files.emplace(*id, &m);
+      if (!added)
+        return fmt::format("the {} '{}' is the {} '{}' (one file)", m.role, m.path.string(),
+                           it->second->role, it->second->path.string());
+    }
+    const std::filesystem::path where = resolved(m.path);
+    for (const auto& [folder, named] : folders)
+      if (named != &m && lies_within(where, folder))
+        return fmt::format("the {} '{}' lies inside the {} '{}'", m.role, m.path.string(),
+                           named->role, named->path.string());
   }
   return std::nullopt;
+}
+
+// The first path of `made` that names a file of `read`, as first_clash(RunPaths) says it.
+inline std::optional<std::string> first_clash(const std::vector<io::NamedPath>& made,
+                                              const std::vector<io::NamedPath>& read) {
+  return first_clash(io::RunPaths{read, {}, made});
 }
 
 // A file descriptor closed when it goes.
@@ -84,6 +136,18 @@ class ScopedFd {
 // Where a new file is written until it is complete: the same folder, so the rename is atomic.
 inline std::filesystem::path partial_path(const std::filesystem::path& target) {
   return target.string() + ".kshard-partial";
+}
+
+// `out` without trailing separators ("out/" names the folder "out").
+inline std::filesystem::path folder_path(const std::filesystem::path& out) {
+  std::string text = out.string();
+  while (text.size() > 1 && text.back() == '/') text.pop_back();
+  return text;
+}
+
+// Where the output folder is made until it is complete (beside it: the rename is atomic).
+inline std::filesystem::path partial_folder(const std::filesystem::path& out) {
+  return out.string() + ".kshard-partial";
 }
 
 // The first 8 bytes of every temporary file kshard writes, where a safetensors file has its

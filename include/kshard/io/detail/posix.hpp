@@ -132,12 +132,21 @@ inline void fsync_or_throw(int fd, const std::filesystem::path& path) {
         fmt::format("kshard::io: syncing '{}' failed: {}", path.string(), std::strerror(errno)));
 }
 
-// `path` opened with `flags`, or an error naming it.
+// `path` opened with `flags`, or an error naming it. A file (no O_DIRECTORY in `flags`) must be
+// a regular file: it is opened non-blocking, so that a FIFO or a device cannot hold the open
+// (a FIFO waits for a writer, or for a reader when written), then refused by its kind (a
+// folder, a socket, a link to /dev/zero alike). Non-blocking changes nothing for a regular file.
 inline int open_or_throw(const std::filesystem::path& path, int flags) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  const bool folder = (flags & O_DIRECTORY) != 0;
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC | (folder ? 0 : O_NONBLOCK));
   if (fd < 0)
     throw error(
         fmt::format("kshard::io: cannot open '{}': {}", path.string(), std::strerror(errno)));
+  struct stat info {};
+  if (!folder && (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode))) {
+    ::close(fd);
+    throw error(fmt::format("kshard::io: '{}' is not a regular file", path.string()));
+  }
   return fd;
 }
 

@@ -33,8 +33,8 @@ inline std::vector<std::string> list_safetensors(const comm::Group& group,
           std::vector<std::string> names;
           for (const auto& entry : std::filesystem::directory_iterator(folder)) {
             const std::string name = entry.path().filename().string();
-            if (entry.path().extension() == ".safetensors" && entry.is_regular_file() &&
-                name.find('\n') == std::string::npos)
+            // Of any kind: one that is not a regular file is refused by name when opened.
+            if (entry.path().extension() == ".safetensors" && name.find('\n') == std::string::npos)
               names.push_back(name);
           }
           std::sort(names.begin(), names.end());

@@ -6,8 +6,9 @@
 // `data.pkl` and of the storage, and `data.pkl` itself: a few small reads per piece, never the
 // tensor's bytes. It checks what the files claim against each other (dtype and shape in
 // `.metadata` and `data.pkl`, items inside their files, storages inside their entries, the
-// pieces an exact tiling) and broadcasts the table as JSON; every rank then holds the same
-// pieces, or throws the same error.
+// pieces an exact tiling) and broadcasts the table as JSON with the log of every byte it read;
+// every other rank reads those bytes of its own copy (io/detail/same_copies.hpp), so every rank
+// then holds the same pieces of the same files, or throws the same error.
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -36,6 +37,7 @@
 #include "kshard/io/detail/dcp/metadata.hpp"
 #include "kshard/io/detail/dcp/zip.hpp"
 #include "kshard/io/detail/posix.hpp"
+#include "kshard/io/detail/same_copies.hpp"
 #include "kshard/io/detail/tiling.hpp"
 #include "kshard/io/stored_tensor.hpp"
 
@@ -60,7 +62,9 @@ struct DcpContents {
   std::vector<DataFile> files;
   std::map<std::string, io::StoredTensor> tensors;
   std::vector<io::StoredItem> other_items;
-  std::vector<io::StoredChecksum> checksums;  // each piece's storage entry
+  std::vector<io::StoredChecksum> checksums;          // each piece's storage entry
+  std::vector<FileReads> reads;                       // every byte rank 0 read, file by file
+  std::vector<std::filesystem::path> metadata_files;  // .metadata, or each rank's
 };
 
 // The size of the open file `fd` (at `path`, for the message).
@@ -72,10 +76,12 @@ inline std::uint64_t open_file_size(int fd, const std::filesystem::path& path) {
 
 // Rank 0's reader of the data files: each one's size taken when first named, and only the file
 // being read kept open (a DCP saved with single_file_per_rank=False has a file per item, more
-// than a process may hold open; a file's pieces are read one after the other).
+// than a process may hold open; a file's pieces are read one after the other). Each read is
+// logged in `log`, for the other ranks to compare their copies with.
 class DcpFileReader {
  public:
-  explicit DcpFileReader(std::filesystem::path folder) : folder_(std::move(folder)) {}
+  DcpFileReader(std::filesystem::path folder, ReadLog& log)
+      : folder_(std::move(folder)), log_(log) {}
 
   // The index of the data file at `relative` (opened, and its size taken, on first use).
   std::size_t index_of(const std::string& relative) {
@@ -90,6 +96,7 @@ class DcpFileReader {
   std::vector<std::byte> read(std::size_t file, std::uint64_t at, std::uint64_t size) {
     std::vector<std::byte> bytes(static_cast<std::size_t>(size));
     throw_if(pread_exactly(fd_of(file), bytes.data(), size, at, files_[file].path.string()));
+    log_.add(log_.file(files_[file].path, files_[file].size), at, bytes);
     return bytes;
   }
   [[nodiscard]] const std::vector<DataFile>& files() const { return files_; }
@@ -104,6 +111,7 @@ class DcpFileReader {
     return open_->get();
   }
   std::filesystem::path folder_;
+  ReadLog& log_;
   std::map<std::string, std::size_t> index_;
   std::vector<DataFile> files_;
   std::optional<ScopedFd> open_;  // the file being read
@@ -214,9 +222,8 @@ inline void tile_dcp_tensor(io::StoredTensor& tensor, std::span<const PieceSourc
 // writes under dcp.save(..., use_collectives=False), each naming that rank's items only. Empty
 // for a folder of neither (rank 0 alone looks: it must not throw).
 inline std::vector<std::filesystem::path> dcp_metadata_paths(const std::filesystem::path& folder) {
-  std::error_code ec;
-  if (std::filesystem::is_regular_file(folder / dcp_metadata_name, ec))
-    return {folder / dcp_metadata_name};
+  std::error_code ec;  // a .metadata of another kind is refused when it is opened
+  if (std::filesystem::exists(folder / dcp_metadata_name, ec)) return {folder / dcp_metadata_name};
   std::vector<std::filesystem::path> found;
   for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
     const std::string name = entry.path().filename().string();
@@ -229,8 +236,8 @@ inline std::vector<std::filesystem::path> dcp_metadata_paths(const std::filesyst
   return found;
 }
 
-// The metadata file `path`, parsed (at most dcp_max_metadata_bytes).
-inline DcpMetadata read_dcp_metadata(const std::filesystem::path& path) {
+// The metadata file `path`, parsed (at most dcp_max_metadata_bytes), its read logged in `log`.
+inline DcpMetadata read_dcp_metadata(const std::filesystem::path& path, ReadLog& log) {
   const ScopedFd fd(open_or_throw(path, O_RDONLY | O_CLOEXEC));
   const std::uint64_t size = open_file_size(fd.get(), path);
   if (size > dcp_max_metadata_bytes)
@@ -238,6 +245,7 @@ inline DcpMetadata read_dcp_metadata(const std::filesystem::path& path) {
                    dcp_max_metadata_bytes);
   std::vector<std::byte> bytes(static_cast<std::size_t>(size));
   throw_if(pread_exactly(fd.get(), bytes.data(), size, 0, path.string()));
+  log.add(log.file(path, size), 0, bytes);
   return parse_dcp_metadata(bytes, path.string());
 }
 
@@ -271,10 +279,12 @@ inline void merge_dcp_metadata(DcpMetadata& all, const DcpMetadata& part,
 // what its pieces are, checked.
 inline DcpContents dcp_contents(const std::filesystem::path& folder) {
   DcpMetadata metadata;
-  for (const std::filesystem::path& path : dcp_metadata_paths(folder))
-    merge_dcp_metadata(metadata, read_dcp_metadata(path), path);
-  DcpFileReader reader(folder);
+  ReadLog log;
   DcpContents contents;
+  contents.metadata_files = dcp_metadata_paths(folder);
+  for (const std::filesystem::path& path : contents.metadata_files)
+    merge_dcp_metadata(metadata, read_dcp_metadata(path, log), path);
+  DcpFileReader reader(folder, log);
   for (const DcpTensorEntry& entry : metadata.tensors) {
     io::StoredTensor tensor{entry.fqn, entry.dtype, entry.size, {}};
     for (const DcpChunk& chunk : entry.chunks)
@@ -292,11 +302,13 @@ inline DcpContents dcp_contents(const std::filesystem::path& folder) {
   for (const DataFile& file : contents.files)
     sources.push_back({file.path.string(), nullptr, nullptr});
   for (auto& [name, tensor] : contents.tensors) tile_dcp_tensor(tensor, sources);
+  for (const DataFile& file : contents.files) log.file(file.path, file.size);  // sizes too
+  contents.reads = log.files();
   return contents;
 }
 
 // `contents` as JSON, to broadcast: [[path, size], ...], [name, dtype, shape, pieces], the
-// other items and the checksums.
+// other items, the checksums, the log of rank 0's reads and the metadata files.
 inline std::string dcp_contents_text(const DcpContents& contents) {
   nlohmann::json files = nlohmann::json::array(), tensors = nlohmann::json::array();
   for (const DataFile& file : contents.files) files.push_back({file.path.string(), file.size});
@@ -312,7 +324,11 @@ inline std::string dcp_contents_text(const DcpContents& contents) {
   nlohmann::json items = nlohmann::json::array();
   for (const io::StoredItem& i : contents.other_items)
     items.push_back({i.name, i.file, i.offset, i.bytes});
-  return nlohmann::json{files, tensors, items, checksums}.dump();
+  std::vector<std::string> metadata_files;
+  for (const auto& path : contents.metadata_files) metadata_files.push_back(path.string());
+  return nlohmann::json{files,         tensors, items, checksums, reads_json(contents.reads),
+                        metadata_files}
+      .dump();
 }
 
 // What dcp_contents_text wrote (by rank 0 of this very program: trusted).
@@ -327,18 +343,23 @@ inline DcpContents dcp_contents_from_text(const std::string& text) {
   }
   for (const auto& i : json[2]) contents.other_items.push_back({i[0], i[1], i[2], i[3]});
   for (const auto& c : json[3]) contents.checksums.push_back({c[0], c[1], c[2], c[3], c[4]});
+  contents.reads = reads_from_json(json[4]);
+  for (const auto& path : json[5]) contents.metadata_files.emplace_back(path.get<std::string>());
   return contents;
 }
 
-// The contents of the DCP folder `folder`, read by rank 0 of `group` and broadcast: the same
-// on every rank, or the same error.
+// The contents of the DCP folder `folder`, read by rank 0 of `group` and broadcast, every other
+// rank's copies of its files checked against rank 0's reads: the same on every rank, or the
+// same error.
 inline DcpContents read_dcp_folder(const comm::Group& group, const std::filesystem::path& folder) {
   std::string text;
   std::optional<std::string> problem;
   if (group.rank() == 0) problem = attempt([&] { text = dcp_contents_text(dcp_contents(folder)); });
   agree(group, problem);
   broadcast_text(text, group);
-  return dcp_contents_from_text(text);
+  DcpContents contents = dcp_contents_from_text(text);
+  agree_on_copies(group, contents.reads);
+  return contents;
 }
 
 }  // namespace kshard::detail
