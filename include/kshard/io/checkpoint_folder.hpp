@@ -70,8 +70,8 @@ namespace kshard::io {
 /// weights file is written by `write_safetensors` with the updates of its tensors. Returns the
 /// weights files written, the same on every rank. Collective over `mesh`. Every rank throws the
 /// same `kshard::error`, nothing written, for an `out` or update that differs between ranks, an
-/// update of a tensor the checkpoint lacks, an unusable `out` (`unusable_path_problem`), and a
-/// path it makes that `model` reads or that lies inside the folder it copies
+/// update of a tensor the checkpoint lacks, an `out` that is empty, in a missing folder or of
+/// another kind, and a path it makes that `model` reads or that lies inside the folder it copies
 /// (`rewrite_paths`); after a failed copy or write, rank 0
 /// removes what the call made (the folder it created, or what it added to one that existed,
 /// and the weights written), so that no half-written checkpoint is left. Cost: the copies,
@@ -99,7 +99,7 @@ std::vector<std::filesystem::path> write_checkpoint(const Mesh<N>& mesh, const C
                           model.path().string(), detail::in_quotes(u.name())));
   }
   if (mesh.my_rank() == 0) {
-    agreement.problem(unusable_path_problem({"output", out, model.is_folder()}));
+    agreement.problem(detail::unusable_path_problem({"output", out, model.is_folder()}));
     if (auto clash = detail::first_clash(rewrite_paths(model, out)))
       agreement.problem(fmt::format("kshard::io: {}; nothing was written", *clash));
   }

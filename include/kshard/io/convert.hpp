@@ -172,7 +172,7 @@ std::vector<std::filesystem::path> convert_checkpoint(const Mesh<N>& mesh, const
   agreement.problem(detail::options_problem(options));
   detail::agree_on_patches(agreement, model, patches);
   if (mesh.my_rank() == 0) {
-    agreement.problem(unusable_path_problem({"output folder", out_given, true}));
+    agreement.problem(detail::unusable_path_problem({"output folder", out_given, true}));
     agreement.problem(detail::output_folder_problem(out));
     if (auto clash = detail::first_clash(conversion_paths(model, out)))
       agreement.problem(fmt::format("kshard::io: {}; nothing was written", *clash));

@@ -157,39 +157,16 @@ inline void refuse_clashes(const comm::Group& group, const RunPaths& paths,
   detail::agree(group, std::move(problem));
 }
 
-/// Why the path `given` a program writes cannot be used, or nothing: an empty path (an unset
-/// variable), a folder that does not exist for it to be made in, or something already there
-/// of another kind (a folder where a file is written, a FIFO that would block the write, a
-/// file where a folder is made). Local.
-[[nodiscard]] inline std::optional<std::string> unusable_path_problem(const NamedPath& given) {
-  if (given.path.empty())
-    return fmt::format("kshard::io: the {} is an empty path; name a file or folder", given.role);
-  const auto path = detail::folder_path(given.path);
-  const auto parent = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  std::error_code ec;
-  if (!std::filesystem::is_directory(parent, ec))
-    return fmt::format("kshard::io: the folder '{}' of the {} '{}' does not exist", parent.string(),
-                       given.role, given.path.string());
-  const auto status = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(status)) return std::nullopt;
-  if (given.folder && !std::filesystem::is_directory(status))
-    return fmt::format("kshard::io: the {} '{}' exists and is not a folder", given.role,
-                       given.path.string());
-  if (!given.folder && !std::filesystem::is_regular_file(status))
-    return fmt::format("kshard::io: the {} '{}' exists and is not a regular file", given.role,
-                       given.path.string());
-  return std::nullopt;
-}
-
 /// Collective over `group`, before anything is read: each path of `given` (what a program
 /// writes, as its user gave it; `folder` set for a folder it makes) is spelled alike on every
-/// rank and usable (`unusable_path_problem`, rank 0's view), else every rank throws the same
+/// rank and usable (rank 0's view: not empty, in a folder that exists, nothing of
+/// another kind already there), else every rank throws the same
 /// `kshard::error`. Cost: a few stats on rank 0, one agreement.
 inline void refuse_unusable_paths(const comm::Group& group, const std::vector<NamedPath>& given) {
   detail::Agreement agreement(group);
   for (const NamedPath& path : given) {
     detail::same_text(agreement, "the " + path.role, path.path.string());
-    if (group.rank() == 0) agreement.problem(unusable_path_problem(path));
+    if (group.rank() == 0) agreement.problem(detail::unusable_path_problem(path));
   }
   agreement.settle();
 }

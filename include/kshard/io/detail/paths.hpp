@@ -150,6 +150,30 @@ inline std::filesystem::path partial_folder(const std::filesystem::path& out) {
   return out.string() + ".kshard-partial";
 }
 
+// Why the path `given` a program writes cannot be used, or nothing: an empty path (an unset
+// variable), a folder that does not exist for it to be made in, or something already there
+// of another kind (a folder where a file is written, a FIFO that would block the write, a
+// file where a folder is made). Local.
+inline std::optional<std::string> unusable_path_problem(const io::NamedPath& given) {
+  if (given.path.empty())
+    return fmt::format("kshard::io: the {} is an empty path; name a file or folder", given.role);
+  const auto path = folder_path(given.path);
+  const auto parent = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  std::error_code ec;
+  if (!std::filesystem::is_directory(parent, ec))
+    return fmt::format("kshard::io: the folder '{}' of the {} '{}' does not exist", parent.string(),
+                       given.role, given.path.string());
+  const auto status = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(status)) return std::nullopt;
+  if (given.folder && !std::filesystem::is_directory(status))
+    return fmt::format("kshard::io: the {} '{}' exists and is not a folder", given.role,
+                       given.path.string());
+  if (!given.folder && !std::filesystem::is_regular_file(status))
+    return fmt::format("kshard::io: the {} '{}' exists and is not a regular file", given.role,
+                       given.path.string());
+  return std::nullopt;
+}
+
 // The first 8 bytes of every temporary file kshard writes, where a safetensors file has its
 // header length: read as a length they pass any header's limit, so a temporary never reads as
 // a checkpoint, and a file under a temporary name that lacks them is not kshard's. The real

@@ -187,6 +187,7 @@ inline void copy_share(const std::filesystem::path& source, const std::filesyste
 // kshard's leftover.
 inline std::optional<std::string> new_file_problem(const io::SafetensorsFile& source,
                                                    const std::filesystem::path& target) {
+  if (auto unusable = unusable_path_problem({"output", target})) return unusable;
   if (auto clash = first_clash({{"output", target}, {"output's temporary", partial_path(target)}},
                                {{"input", source.path()}}))
     return fmt::format(
@@ -233,6 +234,7 @@ inline void write_partial(const comm::Group& group, const io::SafetensorsFile& s
 // yet, and the temporary name is free or kshard's leftover.
 inline std::optional<std::string> in_place_problem(const io::SafetensorsFile& file,
                                                    const std::filesystem::path& undo) {
+  if (auto unusable = unusable_path_problem({"undo file", undo})) return unusable;
   if (auto clash = first_clash({{"undo file", undo}, {"undo file's temporary", partial_path(undo)}},
                                {{"checkpoint", file.path()}}))
     return fmt::format("kshard::io: {}; nothing was written: name another undo file", *clash);
