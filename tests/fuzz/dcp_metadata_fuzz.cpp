@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kshard/error.hpp"
-#include "kshard/io/detail/dcp/data_pickle.hpp"
+#include "kshard/io/torch/data_pickle.hpp"
 #include "kshard/io/detail/dcp/metadata.hpp"
 #include "kshard/io/safetensors_header.hpp"
 

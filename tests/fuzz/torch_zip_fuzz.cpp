@@ -1,5 +1,5 @@
 // libFuzzer target for the stored ZIP archives (torch.save) inside PyTorch DCP `.distcp` files
-// (kshard/io/detail/dcp/zip.hpp). The input is an archive. It is read as a caller reads it: the
+// (kshard/io/torch/zip.hpp). The input is an archive. It is read as a caller reads it: the
 // tail, then the directory (from the tail, or read on its own when a short tail misses it), then
 // each entry's local header. Any failure must be a kshard::error; an accepted archive's entries
 // must lie inside it without overlapping each other or the directory, and writing them again
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kshard/error.hpp"
-#include "kshard/io/detail/dcp/zip.hpp"
+#include "kshard/io/torch/zip.hpp"
 
 namespace {
 

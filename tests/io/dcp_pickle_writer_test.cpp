@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kshard/io/detail/dcp/data_pickle.hpp"
+#include "kshard/io/torch/data_pickle.hpp"
 #include "kshard/io/detail/dcp/metadata.hpp"
 #include "kshard/io/detail/dcp/pickle_writer.hpp"
 

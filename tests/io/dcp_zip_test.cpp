@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kshard/error.hpp"
-#include "kshard/io/detail/dcp/zip.hpp"
+#include "kshard/io/torch/zip.hpp"
 #include "safetensors_test_support.hpp"
 
 namespace {

@@ -11,7 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "kshard/io/safetensors_header.hpp"
+#include "kshard/io/model/dtype.hpp"
+#include "kshard/io/model/messages.hpp"
 
 namespace kshard::io {
 

@@ -22,8 +22,8 @@
 #include "kshard/detail/operation.hpp"
 #include "kshard/io/checkpoint.hpp"
 #include "kshard/io/detail/collective.hpp"
-#include "kshard/io/detail/dcp/zip.hpp"
 #include "kshard/io/detail/posix.hpp"
+#include "kshard/io/torch/zip.hpp"
 #include "kshard/mesh.hpp"
 
 namespace kshard::detail {

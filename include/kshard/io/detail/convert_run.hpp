@@ -28,7 +28,7 @@
 
 #include "kshard/io/detail/box_runs.hpp"
 #include "kshard/io/detail/convert_plan.hpp"
-#include "kshard/io/detail/dcp/zip.hpp"
+#include "kshard/io/torch/zip.hpp"
 #include "kshard/io/detail/paths.hpp"
 #include "kshard/io/detail/posix.hpp"
 #include "kshard/io/io_stats.hpp"

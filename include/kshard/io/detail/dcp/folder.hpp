@@ -33,13 +33,13 @@
 #include "kshard/comm/group.hpp"
 #include "kshard/io/detail/box_runs.hpp"
 #include "kshard/io/detail/collective.hpp"
-#include "kshard/io/detail/dcp/data_pickle.hpp"
 #include "kshard/io/detail/dcp/metadata.hpp"
-#include "kshard/io/detail/dcp/zip.hpp"
 #include "kshard/io/detail/posix.hpp"
 #include "kshard/io/detail/same_copies.hpp"
 #include "kshard/io/detail/tiling.hpp"
 #include "kshard/io/stored_tensor.hpp"
+#include "kshard/io/torch/data_pickle.hpp"
+#include "kshard/io/torch/zip.hpp"
 
 namespace kshard::detail {
 

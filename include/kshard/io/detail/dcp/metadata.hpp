@@ -22,9 +22,10 @@
 #include <utility>
 #include <vector>
 
-#include "kshard/io/detail/dcp/data_pickle.hpp"
-#include "kshard/io/detail/dcp/pickle.hpp"
-#include "kshard/io/safetensors_header.hpp"
+#include "kshard/io/model/dtype.hpp"
+#include "kshard/io/model/messages.hpp"
+#include "kshard/io/torch/data_pickle.hpp"
+#include "kshard/io/torch/pickle.hpp"
 
 namespace kshard::detail {
 

@@ -29,8 +29,8 @@
 #include "kshard/io/detail/convert_run.hpp"
 #include "kshard/io/detail/dcp/metadata.hpp"
 #include "kshard/io/detail/dcp/pickle_writer.hpp"
-#include "kshard/io/detail/dcp/zip.hpp"
 #include "kshard/io/detail/posix.hpp"
+#include "kshard/io/torch/zip.hpp"
 
 namespace kshard::detail {
 

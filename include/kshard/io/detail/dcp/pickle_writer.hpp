@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "kshard/io/detail/box_runs.hpp"
-#include "kshard/io/detail/dcp/data_pickle.hpp"
 #include "kshard/io/detail/dcp/metadata.hpp"
+#include "kshard/io/torch/data_pickle.hpp"
 
 namespace kshard::detail {
 

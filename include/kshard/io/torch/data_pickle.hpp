@@ -22,8 +22,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "kshard/io/detail/dcp/pickle.hpp"
-#include "kshard/io/safetensors_header.hpp"
+#include "kshard/io/model/dtype.hpp"
+#include "kshard/io/model/messages.hpp"
+#include "kshard/io/torch/pickle.hpp"
 
 namespace kshard::detail {
 

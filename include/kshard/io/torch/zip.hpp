@@ -32,7 +32,8 @@
 
 #include <fmt/format.h>
 
-#include "kshard/io/safetensors_header.hpp"
+#include "kshard/io/model/dtype.hpp"
+#include "kshard/io/model/messages.hpp"
 
 namespace kshard::detail {
 
