@@ -19,6 +19,8 @@ LAYERS = (
     ("algorithms", ("redistribute.hpp", "redistribute/**", "rowwise.hpp", "repair.hpp",
                     "repair/**", "tensor_parallel.hpp", "tensor_parallel/**",
                     "embedding.hpp", "linear.hpp", "region.hpp", "bias.hpp")),
+    ("io model", ("io/model/**",)),   # io's vocabulary: element types, messages
+    ("io torch", ("io/torch/**",)),   # torch.save: the unpickler, data.pkl, ZIP archives
     ("io", ("io/**",)),
     ("umbrella", ("kshard.hpp",)),
 )
