@@ -4,7 +4,7 @@
 // and between builds (unlike std::hash), because ranks compare them, and files record them.
 //
 // - Fnv1a64: FNV-1a, 64 bits, over bytes as they come: io::tensor_hashes of every tensor's
-//   bytes (kshard-repair --report; io/detail/folder.hpp).
+//   bytes (kshard-repair --report; io/detail/folder_copy.hpp).
 // - Digest: Fnv1a64 of a sequence of texts and integers, each text ended by a 0xff byte so that
 //   ("ab", "c") and ("a", "bc") differ: what an Agreement compares when values do not fit its
 //   slots (comm/agreement.hpp), the operation's name, a mesh's text, the io's id lists; undo

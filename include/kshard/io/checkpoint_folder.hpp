@@ -34,7 +34,7 @@
 #include "kshard/detail/operation.hpp"
 #include "kshard/io/checkpoint.hpp"
 #include "kshard/io/detail/collective.hpp"
-#include "kshard/io/detail/folder.hpp"
+#include "kshard/io/detail/folder_copy.hpp"
 #include "kshard/io/detail/patches.hpp"
 #include "kshard/io/detail/paths.hpp"
 #include "kshard/io/detail/write.hpp"

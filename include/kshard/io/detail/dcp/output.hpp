@@ -25,8 +25,8 @@
 
 #include "kshard/comm/group.hpp"
 #include "kshard/io/checkpoint.hpp"
+#include "kshard/io/detail/byte_mover.hpp"
 #include "kshard/io/detail/convert_plan.hpp"
-#include "kshard/io/detail/convert_run.hpp"
 #include "kshard/io/detail/dcp/metadata.hpp"
 #include "kshard/io/detail/dcp/pickle_writer.hpp"
 #include "kshard/io/detail/posix.hpp"

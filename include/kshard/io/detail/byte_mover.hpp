@@ -28,11 +28,11 @@
 
 #include "kshard/io/detail/box_runs.hpp"
 #include "kshard/io/detail/convert_plan.hpp"
-#include "kshard/io/torch/zip.hpp"
 #include "kshard/io/detail/paths.hpp"
 #include "kshard/io/detail/posix.hpp"
 #include "kshard/io/io_stats.hpp"
 #include "kshard/io/row_patch.hpp"
+#include "kshard/io/torch/zip.hpp"
 
 namespace kshard::detail {
 

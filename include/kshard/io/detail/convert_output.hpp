@@ -24,7 +24,7 @@
 #include "kshard/io/checkpoint.hpp"
 #include "kshard/io/convert_options.hpp"
 #include "kshard/io/detail/convert_plan.hpp"
-#include "kshard/io/detail/folder.hpp"
+#include "kshard/io/detail/folder_copy.hpp"
 #include "kshard/io/detail/paths.hpp"
 #include "kshard/io/detail/posix.hpp"
 

@@ -18,7 +18,7 @@
 
 #include "kshard/detail/digest.hpp"
 #include "kshard/io/checkpoint.hpp"
-#include "kshard/io/detail/convert_run.hpp"
+#include "kshard/io/detail/byte_mover.hpp"
 #include "kshard/io/detail/paths.hpp"
 #include "kshard/io/detail/posix.hpp"
 #include "kshard/io/detail/undo.hpp"
