@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <mpi.h>
 
 #include <algorithm>
 #include <array>
@@ -26,6 +27,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>

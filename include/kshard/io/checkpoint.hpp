@@ -301,16 +301,16 @@ class Checkpoint {
   void check_inferred_shapes() const {
     const auto check = [&](std::string_view name) {
       if (!contains(name)) return;
-      const StoredTensor& tensor = tensors_.at(std::string(name));
-      const auto rows = tensor.shape.empty() ? 0 : tensor.shape[0];
-      const auto cols = tensor.shape.size() < 2 ? 0 : tensor.shape[1];
+      const std::vector<std::int64_t>& shape = this->tensor(name).shape;
+      const auto rows = shape.empty() ? 0 : shape[0];
+      const auto cols = shape.size() < 2 ? 0 : shape[1];
       if ((config_.vocab_size && rows != *config_.vocab_size) ||
           (config_.hidden_size && cols != *config_.hidden_size))
         throw error(fmt::format(
             "kshard::io: the per-rank shards of '{}' ({} files) make {} of shape {}, but the "
             "config gives vocab_size {} and hidden_size {}: a rank's file is missing, or the "
             "config is another model's",
-            path_.string(), files_.size(), detail::in_quotes(name), shape_text(tensor.shape),
+            path_.string(), files_.size(), detail::in_quotes(name), shape_text(shape),
             config_.vocab_size ? fmt::format("{}", *config_.vocab_size) : "(none)",
             config_.hidden_size ? fmt::format("{}", *config_.hidden_size) : "(none)"));
     };
