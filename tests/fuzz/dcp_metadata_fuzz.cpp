@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "kshard/error.hpp"
-#include "kshard/io/torch/data_pickle.hpp"
 #include "kshard/io/detail/dcp/metadata.hpp"
 #include "kshard/io/safetensors_header.hpp"
+#include "kshard/io/torch/data_pickle.hpp"
 
 namespace {
 

@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "kshard/error.hpp"
-#include "kshard/io/torch/data_pickle.hpp"
 #include "kshard/io/detail/dcp/metadata.hpp"
-#include "kshard/io/torch/pickle.hpp"
 #include "kshard/io/safetensors_header.hpp"
+#include "kshard/io/torch/data_pickle.hpp"
+#include "kshard/io/torch/pickle.hpp"
 #include "safetensors_test_support.hpp"
 
 namespace {

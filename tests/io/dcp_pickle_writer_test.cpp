@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "kshard/io/torch/data_pickle.hpp"
 #include "kshard/io/detail/dcp/metadata.hpp"
 #include "kshard/io/detail/dcp/pickle_writer.hpp"
+#include "kshard/io/torch/data_pickle.hpp"
 
 namespace {
 
