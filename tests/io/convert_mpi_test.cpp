@@ -276,7 +276,7 @@ TEST_F(ConvertJob, RefusesAlikeAndWritesNothing) {
     const std::string message =
         collective_error([&] { io::convert_checkpoint(mesh, model, out, options); });
     EXPECT_NE(message.find(phrase), std::string::npos) << message;
-    EXPECT_TRUE(all_ranks(!fs::exists(kshard::detail::partial_folder(out))));
+    EXPECT_TRUE(all_ranks(!fs::exists(kshard::detail::partial_path(out))));
   };
   io::ConvertOptions sharded;
   sharded.form = io::OutputForm::sharded;

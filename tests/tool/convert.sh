@@ -39,12 +39,9 @@ if [ $# -ne 2 ]; then
   exit 2
 fi
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-if ! python3 -c 'import numpy, safetensors' 2>/dev/null; then
-  echo "skipped: python3 cannot import numpy and safetensors (pip install numpy safetensors)"
-  exit 77
-fi
 # shellcheck source-path=SCRIPTDIR source=harness.sh
 source "$here/harness.sh"
+need_reference_python
 harness_begin "$1" "$2" kshard-convert-tool
 export PYTHONDONTWRITEBYTECODE=1  # check_convert.py imports make_convert_cases.py: no __pycache__
 version=$(sed -n 's/^project(kshard VERSION \([0-9.]*\).*/\1/p' "$here/../../CMakeLists.txt")

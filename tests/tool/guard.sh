@@ -32,12 +32,9 @@ if [ $# -ne 3 ]; then
   exit 2
 fi
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-if ! python3 -c 'import numpy, safetensors' 2>/dev/null; then
-  echo "skipped: python3 cannot import numpy and safetensors (pip install numpy safetensors)"
-  exit 77
-fi
 # shellcheck source-path=SCRIPTDIR source=harness.sh
 source "$here/harness.sh"
+need_reference_python
 harness_begin "$1" "$2" kshard-guard-tool
 convert=$tool
 repair=$(realpath "$3")

@@ -3,6 +3,8 @@
 # kshard-convert), sourced by both. Every launch runs each rank under a wrapper that records its
 # exit code and its output, so a case checks the exit code of EVERY rank:
 #
+#   need_reference_python          exits 77 (skipped) unless python3 imports numpy and
+#                                  safetensors, which the checkpoint cases need
 #   harness_begin NP TOOL PREFIX   np, tool (absolute), mpiexec, a scratch folder $scratch under
 #                                  /tmp named PREFIX.XXXXXX (removed at exit), the wrapper
 #   launch NAME RANKS ARGS...      mpiexec ARGS, "@TOOL" in them the tool under the wrapper;
@@ -16,6 +18,13 @@
 #
 # Environment: KSHARD_TOOL_MPIEXEC (default mpiexec), KSHARD_TOOL_TIMEOUT (seconds per launch,
 # default 120: a launch that takes longer is a hang).
+
+need_reference_python() {
+  if ! python3 -c 'import numpy, safetensors' 2>/dev/null; then
+    echo "skipped: python3 cannot import numpy and safetensors (pip install numpy safetensors)"
+    exit 77
+  fi
+}
 
 harness_begin() {
   np=$1

@@ -100,8 +100,7 @@ std::vector<std::filesystem::path> write_checkpoint(const Mesh<N>& mesh, const C
   }
   if (mesh.my_rank() == 0) {
     agreement.problem(detail::unusable_path_problem({"output", out, model.is_folder()}));
-    if (auto clash = detail::first_clash(rewrite_paths(model, out)))
-      agreement.problem(fmt::format("kshard::io: {}; nothing was written", *clash));
+    agreement.problem(detail::clash_problem(rewrite_paths(model, out), "nothing was written"));
   }
   agreement.settle();
   if (!model.is_folder()) {

@@ -174,14 +174,13 @@ std::vector<std::filesystem::path> convert_checkpoint(const Mesh<N>& mesh, const
   if (mesh.my_rank() == 0) {
     agreement.problem(detail::unusable_path_problem({"output folder", out_given, true}));
     agreement.problem(detail::output_folder_problem(out));
-    if (auto clash = detail::first_clash(conversion_paths(model, out)))
-      agreement.problem(fmt::format("kshard::io: {}; nothing was written", *clash));
+    agreement.problem(detail::clash_problem(conversion_paths(model, out), "nothing was written"));
   }
   agreement.settle();
   const detail::DurabilityScope scope(options.durability);
   std::vector<detail::OutputFile> files;
   detail::agree(group, detail::attempt([&] { files = detail::plan_conversion(model, options); }));
-  const auto partial = detail::partial_folder(out);
+  const auto partial = detail::partial_path(out);
   bool created = false;  // rank 0 made the temporary folder: its to remove after a failure
   try {
     detail::agree(group, detail::attempt([&] {

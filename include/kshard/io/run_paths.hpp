@@ -131,7 +131,7 @@ namespace kshard::io {
   return {checkpoint_inputs(model, false),
           copied_folders(model),
           {{"output folder", folder, true},
-           {"output's temporary folder", detail::partial_folder(folder), true}}};
+           {"output's temporary folder", detail::partial_path(folder), true}}};
 }
 
 /// What in-place writes into `model` (`write_patch_in_place`, `write_rows_in_place` of each
@@ -150,11 +150,8 @@ namespace kshard::io {
 /// per path made on rank 0, one agreement.
 inline void refuse_clashes(const comm::Group& group, const RunPaths& paths,
                            std::string_view consequence) {
-  std::optional<std::string> problem;
-  if (group.rank() == 0)
-    if (auto clash = detail::first_clash(paths))
-      problem = fmt::format("kshard::io: {}; {}", *clash, consequence);
-  detail::agree(group, std::move(problem));
+  detail::agree(group,
+                group.rank() == 0 ? detail::clash_problem(paths, consequence) : std::nullopt);
 }
 
 /// Collective over `group`, before anything is read: each path of `given` (what a program

@@ -47,9 +47,7 @@ inline std::optional<std::string> read_small_file(const comm::Group& group,
     state = 1;
     problem = attempt([&] {
       const ScopedFd fd(open_or_throw(path, O_RDONLY));  // a regular file, or refused
-      struct stat info {};
-      const auto size =
-          ::fstat(fd.get(), &info) == 0 ? static_cast<std::uint64_t>(info.st_size) : 0;
+      const std::uint64_t size = open_file_size(fd.get(), path);
       if (size > max_json_file_size)
         throw error(
             fmt::format("kshard::io: '{}' has {} bytes, more than the {} a JSON file of a "
@@ -63,11 +61,9 @@ inline std::optional<std::string> read_small_file(const comm::Group& group,
   group.bcast(&state, 1, 0);
   if (state == 0) return std::nullopt;
   broadcast_text(text, group);
-  agree_on_copies(group,
-                  {{path,
-                    text.size(),
-                    {{0, text.size()}},
-                    ReadLog::continue_hash(Fnv1a64().value(), std::as_bytes(std::span(text)))}});
+  ReadLog log;  // rank 0's read: the whole file
+  log.add(log.file(path, text.size()), 0, std::as_bytes(std::span(text)));
+  agree_on_copies(group, log.files());
   return text;
 }
 

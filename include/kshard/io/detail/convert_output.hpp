@@ -109,11 +109,11 @@ inline std::optional<std::string> options_problem(const io::ConvertOptions& o) {
 }
 
 // Rank 0's checks of the output paths, before anything is made: the output does not exist, nor
-// does its temporary folder (an interrupted conversion's: removed only by the user), and its
-// parent folder does.
+// does its temporary folder (an interrupted conversion's: removed only by the user). That its
+// parent folder exists is unusable_path_problem's check.
 inline std::optional<std::string> output_folder_problem(const std::filesystem::path& out) {
   std::error_code ec;
-  const auto partial = partial_folder(out);
+  const auto partial = partial_path(out);
   if (std::filesystem::exists(std::filesystem::symlink_status(out, ec)))
     return fmt::format("kshard::io: the output '{}' exists; a conversion writes a new folder",
                        out.string());
@@ -122,9 +122,6 @@ inline std::optional<std::string> output_folder_problem(const std::filesystem::p
         "kshard::io: '{}' exists (an interrupted conversion left it?); remove it "
         "to write '{}'",
         partial.string(), out.string());
-  const auto parent = out.has_parent_path() ? out.parent_path() : std::filesystem::path(".");
-  if (!std::filesystem::is_directory(parent, ec))
-    return fmt::format("kshard::io: the folder '{}' of the output does not exist", parent.string());
   return std::nullopt;
 }
 

@@ -111,6 +111,14 @@ inline std::optional<std::string> first_clash(const io::RunPaths& paths) {
   return std::nullopt;
 }
 
+// The first clash of `paths` as an io error ending with `consequence`, or nothing.
+inline std::optional<std::string> clash_problem(const io::RunPaths& paths,
+                                                std::string_view consequence) {
+  if (auto clash = first_clash(paths))
+    return fmt::format("kshard::io: {}; {}", *clash, consequence);
+  return std::nullopt;
+}
+
 // The first path of `made` that names a file of `read`, as first_clash(RunPaths) says it.
 inline std::optional<std::string> first_clash(const std::vector<io::NamedPath>& made,
                                               const std::vector<io::NamedPath>& read) {
@@ -133,7 +141,8 @@ class ScopedFd {
   int fd_;
 };
 
-// Where a new file is written until it is complete: the same folder, so the rename is atomic.
+// Where a new file or folder is written until it is complete: beside it, so the rename is
+// atomic.
 inline std::filesystem::path partial_path(const std::filesystem::path& target) {
   return target.string() + ".kshard-partial";
 }
@@ -143,11 +152,6 @@ inline std::filesystem::path folder_path(const std::filesystem::path& out) {
   std::string text = out.string();
   while (text.size() > 1 && text.back() == '/') text.pop_back();
   return text;
-}
-
-// Where the output folder is made until it is complete (beside it: the rename is atomic).
-inline std::filesystem::path partial_folder(const std::filesystem::path& out) {
-  return out.string() + ".kshard-partial";
 }
 
 // Why the path `given` a program writes cannot be used, or nothing: an empty path (an unset

@@ -150,6 +150,13 @@ inline int open_or_throw(const std::filesystem::path& path, int flags) {
   return fd;
 }
 
+// The size of the open file `fd` (at `path`, for the message).
+inline std::uint64_t open_file_size(int fd, const std::filesystem::path& path) {
+  const off_t end = ::lseek(fd, 0, SEEK_END);
+  if (end < 0) throw_io_error("cannot find the size of '", path.string(), "'");
+  return static_cast<std::uint64_t>(end);
+}
+
 // Rows `ids`, each `row_bytes` long, of the tensor at byte `offset` of the file open as `fd`,
 // packed in that order.
 inline std::vector<std::byte> read_rows(int fd, const std::string& path, std::uint64_t offset,

@@ -9,7 +9,6 @@
 // differs. Data bytes are compared by size only here (their CRCs: io::verify_checksums).
 
 #include <fcntl.h>
-#include <sys/stat.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -38,7 +37,7 @@ struct FileReads {
   std::filesystem::path path;
   std::uint64_t size = 0;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;  // (at, bytes)
-  std::uint64_t hash = Fnv1a64().value();
+  std::uint64_t hash = 0;
 };
 
 // Rank 0's log of every metadata byte it read, file by file.
@@ -47,26 +46,28 @@ class ReadLog {
   // The index of file `path` of `size` bytes in the log (added on first use).
   std::size_t file(const std::filesystem::path& path, std::uint64_t size) {
     const auto [it, added] = index_.emplace(path.string(), files_.size());
-    if (added) files_.push_back({path, size, {}, Fnv1a64().value()});
+    if (added) {
+      files_.push_back({path, size, {}, 0});
+      hashes_.emplace_back();
+    }
     return it->second;
   }
   // Notes that `bytes` were read at byte `at` of file `f`.
-  void add(std::size_t f, std::uint64_t at, const std::vector<std::byte>& bytes) {
+  void add(std::size_t f, std::uint64_t at, std::span<const std::byte> bytes) {
     files_[f].ranges.emplace_back(at, bytes.size());
-    files_[f].hash = continue_hash(files_[f].hash, bytes);
+    hashes_[f].add_bytes(bytes.data(), bytes.size());
   }
-  [[nodiscard]] const std::vector<FileReads>& files() const { return files_; }
-
-  // FNV-1a 64 of `bytes`, going on from `hash`.
-  static std::uint64_t continue_hash(std::uint64_t hash, std::span<const std::byte> bytes) {
-    for (const std::byte b : bytes)
-      hash = (hash ^ static_cast<std::uint64_t>(b)) * 1099511628211ull;
-    return hash;
+  // Each file's reads, with their hash.
+  [[nodiscard]] std::vector<FileReads> files() const {
+    std::vector<FileReads> files = files_;
+    for (std::size_t f = 0; f < files.size(); ++f) files[f].hash = hashes_[f].value();
+    return files;
   }
 
  private:
   std::map<std::string, std::size_t> index_;
   std::vector<FileReads> files_;
+  std::vector<Fnv1a64> hashes_;  // of each file's ranges so far
 };
 
 // `files` as JSON, to broadcast with what they describe.
@@ -89,20 +90,19 @@ inline std::optional<std::string> copy_difference(const FileReads& reads, int ra
       fmt::format("kshard::io: rank {}'s copy of '{}' is not rank 0's", rank, reads.path.string());
   const auto problem = attempt([&] {
     const ScopedFd fd(open_or_throw(reads.path, O_RDONLY));
-    struct stat info {};
-    if (::fstat(fd.get(), &info) != 0)
-      throw error(fmt::format("kshard::io: cannot find the size of '{}'", reads.path.string()));
-    if (static_cast<std::uint64_t>(info.st_size) != reads.size)
+    const std::uint64_t size = open_file_size(fd.get(), reads.path);
+    if (size != reads.size)
       throw error(fmt::format("{}: {} bytes there, {} on rank 0 (node-local copies that differ)",
-                              what, info.st_size, reads.size));
-    std::uint64_t hash = Fnv1a64().value();
+                              what, size, reads.size));
+    ReadLog mine;  // the same reads of this rank's copy
+    const std::size_t file = mine.file(reads.path, size);
     std::vector<std::byte> bytes;
     for (const auto& [at, count] : reads.ranges) {
       bytes.resize(static_cast<std::size_t>(count));
       throw_if(pread_exactly(fd.get(), bytes.data(), count, at, reads.path.string()));
-      hash = ReadLog::continue_hash(hash, bytes);
+      mine.add(file, at, bytes);
     }
-    if (hash != reads.hash)
+    if (mine.files().front().hash != reads.hash)
       throw error(fmt::format(
           "{}: the bytes that describe its contents differ (node-local copies that differ)", what));
   });

@@ -67,13 +67,6 @@ struct DcpContents {
   std::vector<std::filesystem::path> metadata_files;  // .metadata, or each rank's
 };
 
-// The size of the open file `fd` (at `path`, for the message).
-inline std::uint64_t open_file_size(int fd, const std::filesystem::path& path) {
-  const off_t end = ::lseek(fd, 0, SEEK_END);
-  if (end < 0) throw_io_error("cannot find the size of '", path.string(), "'");
-  return static_cast<std::uint64_t>(end);
-}
-
 // Rank 0's reader of the data files: each one's size taken when first named, and only the file
 // being read kept open (a DCP saved with single_file_per_rank=False has a file per item, more
 // than a process may hold open; a file's pieces are read one after the other). Each read is
