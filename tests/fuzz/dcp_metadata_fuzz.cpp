@@ -1,4 +1,4 @@
-// Fuzzes the restricted unpickler of PyTorch DCP checkpoints (kshard/io/detail/dcp): the first
+// Fuzzes the restricted unpickler of PyTorch DCP checkpoints (kshard/io/formats/dcp): the first
 // byte picks the reader (its value modulo 3: 0 the `.metadata` reader, parse_dcp_metadata; 1 the
 // data.pkl tensor reader, parse_torch_tensor_pickle; 2 the bytes-item renderer,
 // parse_bytes_item_pickle), the rest is the pickle. Any of them may throw kshard::error; any other
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "kshard/error.hpp"
-#include "kshard/io/detail/dcp/metadata.hpp"
-#include "kshard/io/safetensors_header.hpp"
+#include "kshard/io/formats/dcp/metadata.hpp"
+#include "kshard/io/safetensors/header.hpp"
 #include "kshard/io/torch/data_pickle.hpp"
 
 namespace {

@@ -1,4 +1,4 @@
-// Fuzzes the safetensors header reader (kshard/io/safetensors_header.hpp). The input is a whole
+// Fuzzes the safetensors header reader (kshard/io/safetensors/header.hpp). The input is a whole
 // file image, read as a reader reads a file: header_length_from_prefix on its first 8 bytes
 // (zero-padded when the file is shorter), then parse_safetensors_header on the bytes that
 // announces. Each input must either throw kshard::error or give a header that keeps its promises:
@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kshard/io/safetensors_header.hpp"
+#include "kshard/io/safetensors/header.hpp"
 
 namespace {
 

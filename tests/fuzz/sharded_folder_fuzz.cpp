@@ -1,6 +1,7 @@
 // Fuzzes the reading of a folder of per-rank shards (torch's HuggingFaceStorageWriter layout)
-// up to its stored tensors: kshard/io/detail/sharding_info.hpp and kshard/io/detail/tiling.hpp,
-// and the byte runs of kshard/io/detail/box_runs.hpp over what they accept.
+// up to its stored tensors: kshard/io/safetensors/sharding_info.hpp and
+// kshard/io/safetensors/pieces.hpp, and the byte runs of kshard/io/engine/box_runs.hpp over what
+// they accept.
 //
 // The input is up to 4 files' header JSON (the bytes after the 8-byte length prefix), separated
 // by NUL bytes (which a valid header cannot hold: the first 3 split, a 4th stays in the last
@@ -32,11 +33,11 @@
 #include <nlohmann/json.hpp>
 
 #include "kshard/error.hpp"
-#include "kshard/io/detail/box_runs.hpp"
-#include "kshard/io/detail/sharding_info.hpp"
-#include "kshard/io/detail/tiling.hpp"
-#include "kshard/io/safetensors_header.hpp"
-#include "kshard/io/stored_tensor.hpp"
+#include "kshard/io/engine/box_runs.hpp"
+#include "kshard/io/model/stored_tensor.hpp"
+#include "kshard/io/safetensors/header.hpp"
+#include "kshard/io/safetensors/pieces.hpp"
+#include "kshard/io/safetensors/sharding_info.hpp"
 
 namespace {
 

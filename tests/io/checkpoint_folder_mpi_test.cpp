@@ -1,4 +1,4 @@
-// A checkpoint's files as a whole (kshard/io/checkpoint_folder.hpp), at every rank count of the
+// A checkpoint's files as a whole (kshard/io/rewrite.hpp), at every rank count of the
 // io suite: a sharded folder written anew with some rows replaced (its other files copied, its
 // weights written, byte for byte), and left absent after a failure; the undo files of in-place
 // writes found, checked (a copied folder's undo file names the original) and restored; every
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kshard/distribute.hpp"
-#include "kshard/io/checkpoint_folder.hpp"
+#include "kshard/io/rewrite.hpp"
 #include "kshard_test.hpp"
 #include "safetensors_mpi_support.hpp"
 

@@ -17,8 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "kshard/distribute.hpp"
-#include "kshard/io/checkpoint_folder.hpp"
 #include "kshard/io/convert.hpp"
+#include "kshard/io/rewrite.hpp"
 #include "kshard_test.hpp"
 #include "safetensors_mpi_support.hpp"
 #include "shard_job.hpp"

@@ -1,4 +1,4 @@
-// The restricted unpickler of PyTorch DCP checkpoints (kshard/io/detail/dcp): torch's own
+// The restricted unpickler of PyTorch DCP checkpoints (kshard/io/formats/dcp): torch's own
 // `.metadata` and `data.pkl` of fixtures/dcp_example decoded to the values of
 // checkpoint_formats.md 1.3, the pickles of fixtures/dcp_pickles (written by make_pickles.py with
 // Python's pickle module and stand-ins for torch's classes) for protocols 2 to 5 and the version
@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "kshard/error.hpp"
-#include "kshard/io/detail/dcp/metadata.hpp"
-#include "kshard/io/safetensors_header.hpp"
+#include "kshard/io/formats/dcp/metadata.hpp"
+#include "kshard/io/safetensors/header.hpp"
 #include "kshard/io/torch/data_pickle.hpp"
 #include "kshard/io/torch/pickle.hpp"
 #include "safetensors_test_support.hpp"

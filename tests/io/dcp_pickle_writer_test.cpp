@@ -1,4 +1,4 @@
-// The pickles a DCP writer emits (kshard/io/detail/dcp/pickle_writer.hpp), read back by the
+// The pickles a DCP writer emits (kshard/io/torch/pickle_writer.hpp), read back by the
 // restricted unpickler: `.metadata` with tensors, chunks, storage and bytes items, and
 // `data.pkl` over a typed (v2) and an untyped (v3) storage. (That torch loads them is the
 // writer's interop test.)
@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "kshard/io/detail/dcp/metadata.hpp"
-#include "kshard/io/detail/dcp/pickle_writer.hpp"
+#include "kshard/io/formats/dcp/metadata_pickle.hpp"
 #include "kshard/io/torch/data_pickle.hpp"
+#include "kshard/io/torch/pickle_writer.hpp"
 
 namespace {
 

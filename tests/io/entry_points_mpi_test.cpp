@@ -21,9 +21,9 @@
 
 #include "entry_points.hpp"
 #include "kshard/io/checkpoint.hpp"
-#include "kshard/io/checkpoint_folder.hpp"
 #include "kshard/io/convert.hpp"
 #include "kshard/io/read_checkpoint.hpp"
+#include "kshard/io/rewrite.hpp"
 #include "kshard/io/row_patch.hpp"
 #include "kshard/io/safetensors.hpp"
 #include "kshard/io/verify.hpp"

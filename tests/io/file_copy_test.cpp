@@ -1,4 +1,4 @@
-// File-to-file copies (io/detail/posix.hpp): copy_in_kernel moves bytes between any offsets,
+// File-to-file copies (io/engine/posix.hpp): copy_in_kernel moves bytes between any offsets,
 // whether both sit alike in their pages (copy_file_range) or not (a mapping), and counts them;
 // a source shorter than the copy is a refusal, nothing counted. Syncs are skipped and not counted
 // under Durability::page_cache, and the durability before a scope comes back after it.
@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "kshard/io/detail/durability.hpp"
-#include "kshard/io/detail/posix.hpp"
+#include "kshard/io/engine/posix.hpp"
+#include "kshard/io/engine/sync.hpp"
 
 namespace {
 

@@ -32,8 +32,8 @@
 
 #include <fmt/format.h>
 
-#include "kshard/io/checkpoint_folder.hpp"
 #include "kshard/io/convert.hpp"
+#include "kshard/io/rewrite.hpp"
 #include "kshard/io/run_paths.hpp"
 #include "kshard/io/verify.hpp"
 #include "kshard_test.hpp"

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "kshard/io/safetensors_header.hpp"
+#include "kshard/io/safetensors/header.hpp"
 #include "safetensors_test_support.hpp"
 
 #ifndef KSHARD_IO_REFERENCE_DIR

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "kshard/error.hpp"
-#include "kshard/io/safetensors_header.hpp"
+#include "kshard/io/safetensors/header.hpp"
 
 namespace kshard_io_test {
 

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "kshard/error.hpp"
-#include "kshard/io/detail/box_runs.hpp"
-#include "kshard/io/detail/sharding_info.hpp"
-#include "kshard/io/detail/tiling.hpp"
+#include "kshard/io/engine/box_runs.hpp"
+#include "kshard/io/safetensors/pieces.hpp"
+#include "kshard/io/safetensors/sharding_info.hpp"
 #include "safetensors_test_support.hpp"
 
 namespace {

@@ -19,9 +19,14 @@ LAYERS = (
     ("algorithms", ("redistribute.hpp", "redistribute/**", "rowwise.hpp", "repair.hpp",
                     "repair/**", "tensor_parallel.hpp", "tensor_parallel/**",
                     "embedding.hpp", "linear.hpp", "region.hpp", "bias.hpp")),
-    ("io model", ("io/model/**",)),   # io's vocabulary: element types, messages
-    ("io torch", ("io/torch/**",)),   # torch.save: the unpickler, data.pkl, ZIP archives
-    ("io", ("io/**",)),
+    # io's floors: its vocabulary; the engine that moves bytes, whatever the format; the file
+    # encodings formats share (torch.save archives and pickles, safetensors files); one folder
+    # per checkpoint format; the faces (io/*.hpp, io.hpp) with their internals' folders.
+    ("io model", ("io/model/**",)),
+    ("io engine", ("io/engine/**",)),
+    ("io encodings", ("io/torch/**", "io/safetensors/**")),
+    ("io formats", ("io/formats/**",)),
+    ("io", ("io/**", "io.hpp")),
     ("umbrella", ("kshard.hpp",)),
 )
 # A wing's internals (folder) -> its faces: from the same layer only these, or files in the
@@ -32,13 +37,16 @@ WINGS = {
     "repair/": ("repair.hpp",),
     "tensor_parallel/": ("tensor_parallel.hpp", "embedding.hpp", "linear.hpp", "region.hpp",
                          "bias.hpp"),
-    "io/detail/": ("io/*.hpp",),
+    "io/checkpoint/": ("io/*.hpp", "io/convert/**"),
+    "io/convert/": ("io/*.hpp",),
 }
+# Each checkpoint format is a folder here, and no format includes another's.
+FORMATS = "io/formats/"
 FLOOR = "detail/**"                               # the floor's files that rule 2 binds
 FLOOR_MAY_INCLUDE = ("error.hpp", "detail/**")
 KERNELS = "kernels/**"
 KERNELS_NEVER_INCLUDE = ("comm/**", "mesh.hpp", "dist_matrix.hpp")
-MPI_ALLOWED = ("comm/**", "mesh.hpp", "io/detail/mpi_file.hpp")
+MPI_ALLOWED = ("comm/**", "mesh.hpp", "io/engine/mpi_file.hpp")
 MPI_HEADERS = ("mpi.h", "mpi-ext.h")
 MACRO_INCLUDES = {"comm/**": ("KSHARD_COMM_BACKEND_HEADER",)}
 # In tools/: MPI_Init*, MPI_Finalize, MPI_COMM_WORLD, MPI_Abort and the like are fine, these not.
@@ -46,7 +54,8 @@ TOOLS_FORBIDDEN_MPI = (r"\bMPI_(?:I?(?:Bcast|Allreduce|Reduce\w*|Allgather\w*|Ga
                        r"|Scatter\w*|Alltoall\w*|Barrier|Exscan|Scan)|Neighbor_\w+"
                        r"|Comm_split\w*|File_\w+)\b")
 TOOLS_FORBIDDEN_NAMESPACES = r"\b(?:kshard\s*::\s*(?:io\s*::\s*)?|io\s*::\s*)detail\b"
-TOOLS_FORBIDDEN_INCLUDES = ("detail/**", "**/detail/**") + tuple(w + "**" for w in WINGS)
+TOOLS_FORBIDDEN_INCLUDES = ("detail/**", "**/detail/**", "io/engine/**", "io/torch/**",
+                            "io/safetensors/**", "io/formats/**") + tuple(w + "**" for w in WINGS)
 MAX_FUNCTION_LINES = 60  # from the line of a function's name to its closing brace, inclusive
 HEADER_SUFFIXES = (".hpp", ".h", ".hh", ".hxx", ".ipp", ".inl", ".tpp")
 SOURCE_SUFFIXES = HEADER_SUFFIXES + (".cpp", ".cc", ".cxx")
@@ -58,6 +67,7 @@ RULES = """
   upward-include        a header includes kshard headers of its own layer or lower ones only.
   wing-internal         a wing's internals (WINGS) are included, from the wing's own layer, only
                         by its faces or by files of the wing itself; higher layers may include them.
+  format-include        a format's folder (FORMATS<name>/) includes no other format's headers.
   floor-include         a file in detail/ includes only kshard/error.hpp and kshard/detail/.
   kernel-reaches-comm   kernels/ never includes comm/, mesh.hpp or dist_matrix.hpp.
   macro-include         `#include MACRO` only where MACRO_INCLUDES allows it.
@@ -65,7 +75,7 @@ RULES = """
                         comments and string literals do not count).
   tools-raw-collective  the tools call no MPI collective themselves (TOOLS_FORBIDDEN_MPI).
   tools-detail          the tools use public faces only: no detail namespace, no detail/ header,
-                        no wing internals.
+                        no wing internals, no io floor but io/model/.
   function-length       no function (in include/kshard/ and tools/) is longer than
                         MAX_FUNCTION_LINES; count_convention says how lines are counted.
   braces                the braces could be matched (otherwise function lengths are unsure).
@@ -107,6 +117,12 @@ def layer_of(rel):
         if matches(rel, globs):
             return rank, name
     return None
+
+
+def format_of(rel):
+    """The format folder (`dcp`) holding `rel`, or None."""
+    return rel[len(FORMATS):].split("/")[0] if rel.startswith(FORMATS) and \
+        "/" in rel[len(FORMATS):] else None
 
 
 def wing_of(rel):
@@ -420,6 +436,9 @@ def edge_rule(src, dst):
                                 f"kshard/error.hpp and kshard/detail/, not kshard/{dst}"
     if matches(src, KERNELS) and matches(dst, KERNELS_NEVER_INCLUDE):
         return "kernel-reaches-comm", f"{src} is a kernel and may not include kshard/{dst}"
+    if format_of(src) and format_of(dst) and format_of(src) != format_of(dst):
+        return "format-include", f"{src} is in the format {format_of(src)} and may not include " \
+                                 f"kshard/{dst} of the format {format_of(dst)}"
     below, above = layer_of(src), layer_of(dst)
     if below is None or above is None:
         return None

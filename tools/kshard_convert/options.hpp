@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kshard/comm/agree.hpp"
-#include "kshard/io/convert_options.hpp"
+#include "kshard/io/model/convert_options.hpp"
 
 namespace kshard_convert {
 

@@ -19,9 +19,9 @@
 #include <nlohmann/json.hpp>
 
 #include "kshard/io/checkpoint.hpp"
-#include "kshard/io/checkpoint_folder.hpp"
 #include "kshard/io/convert.hpp"
 #include "kshard/io/read_checkpoint.hpp"
+#include "kshard/io/rewrite.hpp"
 #include "kshard/io/row_patch.hpp"
 #include "kshard/kshard.hpp"
 #include "paths.hpp"

@@ -4,11 +4,11 @@
 // and between builds (unlike std::hash), because ranks compare them, and files record them.
 //
 // - Fnv1a64: FNV-1a, 64 bits, over bytes as they come: io::tensor_hashes of every tensor's
-//   bytes (kshard-repair --report; io/detail/folder_copy.hpp).
+//   bytes (kshard-repair --report; io/checkpoint/folder_copy.hpp).
 // - Digest: Fnv1a64 of a sequence of texts and integers, each text ended by a 0xff byte so that
 //   ("ab", "c") and ("a", "bc") differ: what an Agreement compares when values do not fit its
 //   slots (comm/agreement.hpp), the operation's name, a mesh's text, the io's id lists; undo
-//   files record it of the rows a write left ("<i>.written_hash", io/detail/undo.hpp; Python
+//   files record it of the rows a write left ("<i>.written_hash", io/safetensors/undo.hpp; Python
 //   recomputes it in tests/realdata).
 // - fnv1a32: FNV-1a, 32 bits, of a custom placement's name (its code in an agreement).
 // - ValuesDigest: a fast digest of a whole matrix's bytes (distribute finds ranks whose

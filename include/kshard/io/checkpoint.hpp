@@ -58,12 +58,13 @@
 #include "kshard/comm/agreement.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/error.hpp"
-#include "kshard/io/detail/checkpoint_json.hpp"
-#include "kshard/io/detail/dcp/reader.hpp"
-#include "kshard/io/detail/per_rank_listing.hpp"
-#include "kshard/io/detail/tiling.hpp"
+#include "kshard/io/engine/small_files.hpp"
+#include "kshard/io/formats/dcp/reader.hpp"
+#include "kshard/io/formats/hugging_face/index.hpp"
+#include "kshard/io/formats/per_rank_shards/listing.hpp"
+#include "kshard/io/model/stored_tensor.hpp"
 #include "kshard/io/safetensors.hpp"
-#include "kshard/io/stored_tensor.hpp"
+#include "kshard/io/safetensors/pieces.hpp"
 #include "kshard/mesh.hpp"
 
 namespace kshard::io {
@@ -109,9 +110,6 @@ enum class CheckpointForm : std::uint8_t {
   per_rank_shards,  ///< one file per rank, each tensor in pieces placed by `DCP_SHARDING_INFO`
   dcp               ///< PyTorch DCP: `.metadata` and `.distcp` files of torch.save archives
 };
-
-/// A file the tensors are read from, with its size when the checkpoint was opened.
-using DataFile = detail::DataFile;
 
 /// A checkpoint opened on a mesh: its safetensors files (headers validated), its tensors (where
 /// each piece of each lies), and its config. Collective to open; the queries are local.
@@ -165,13 +163,15 @@ class Checkpoint {
   [[nodiscard]] const std::vector<SafetensorsFile>& files() const { return files_; }
   /// The files its tensors' pieces lie in (`StoredPiece::file` indexes them): its safetensors
   /// files, or a DCP folder's `.distcp` files.
-  [[nodiscard]] const std::vector<DataFile>& data_files() const { return data_files_; }
+  [[nodiscard]] const std::vector<DataFile>& data_files() const { return contents_.data_files; }
   /// What it holds beside tensors: a DCP folder's bytes items (optimizer steps, learning
   /// rates, ...), in `.metadata`'s order; none for safetensors.
-  [[nodiscard]] const std::vector<StoredItem>& other_items() const { return other_items_; }
+  [[nodiscard]] const std::vector<StoredItem>& other_items() const { return contents_.other_items; }
   /// The checksums it records (a DCP folder: each piece's CRC-32), which opening does not check
   /// (`io::verify_checksums` does); none for safetensors.
-  [[nodiscard]] const std::vector<StoredChecksum>& checksums() const { return checksums_; }
+  [[nodiscard]] const std::vector<StoredChecksum>& checksums() const { return contents_.checksums; }
+  /// What it holds, whatever its form: data files, tensors, other items, checksums.
+  [[nodiscard]] const StoredContents& contents() const { return contents_; }
   /// How it is stored.
   [[nodiscard]] CheckpointForm form() const { return form_; }
   /// The files read to learn what it holds, beside `data_files()`: the index, the config.json
@@ -181,19 +181,19 @@ class Checkpoint {
   }
   /// True when it holds tensor `name`.
   [[nodiscard]] bool contains(std::string_view name) const {
-    return tensors_.find(std::string(name)) != tensors_.end();
+    return contents_.tensors.find(std::string(name)) != contents_.tensors.end();
   }
   /// Every tensor name, sorted.
   [[nodiscard]] std::vector<std::string> tensor_names() const {
     std::vector<std::string> names;
-    for (const auto& [name, tensor] : tensors_) names.push_back(name);
+    for (const auto& [name, tensor] : contents_.tensors) names.push_back(name);
     return names;
   }
   /// Tensor `name`: dtype, global shape and pieces. Throws `kshard::error` (locally: the names
   /// are the same on every rank) when there is none.
   [[nodiscard]] const StoredTensor& tensor(std::string_view name) const {
-    const auto it = tensors_.find(std::string(name));
-    if (it == tensors_.end())
+    const auto it = contents_.tensors.find(std::string(name));
+    if (it == contents_.tensors.end())
       throw error(fmt::format("kshard::io: the checkpoint '{}' has no tensor {}", path_.string(),
                               detail::in_quotes(name)));
     return it->second;
@@ -279,7 +279,8 @@ class Checkpoint {
     }
     refuse_second_copies(file_index, index_path);
     place_pieces(files_.size());
-    std::erase_if(tensors_, [&](const auto& entry) { return !file_index.contains(entry.first); });
+    std::erase_if(contents_.tensors,
+                  [&](const auto& entry) { return !file_index.contains(entry.first); });
   }
 
   // Opens the per-rank shards `names` of the folder; each must carry sharding info.
@@ -322,10 +323,10 @@ class Checkpoint {
   void open_dcp(const comm::Group& group) {
     form_ = CheckpointForm::dcp;
     detail::DcpContents contents = detail::read_dcp_folder(group, path_);
-    data_files_ = std::move(contents.files);
-    tensors_ = std::move(contents.tensors);
-    other_items_ = std::move(contents.other_items);
-    checksums_ = std::move(contents.checksums);
+    contents_.data_files = std::move(contents.files);
+    contents_.tensors = std::move(contents.tensors);
+    contents_.other_items = std::move(contents.other_items);
+    contents_.checksums = std::move(contents.checksums);
     description_files_.insert(description_files_.end(), contents.metadata_files.begin(),
                               contents.metadata_files.end());
   }
@@ -346,9 +347,9 @@ class Checkpoint {
       sources.push_back(
           {files_[f].path().string(), &files_[f].header(), infos[f] ? &*infos[f] : nullptr});
     }
-    tensors_ = detail::stored_tensors(sources);
+    contents_.tensors = detail::stored_tensors(sources);
     for (const SafetensorsFile& file : files_)
-      data_files_.push_back({file.path(), file.file_size()});
+      contents_.data_files.push_back({file.path(), file.file_size()});
   }
 
   // A tensor the index maps to one shard but that another shard holds too: a repair would
@@ -373,10 +374,7 @@ class Checkpoint {
   ModelConfig config_;
   CheckpointForm form_ = CheckpointForm::single_file;
   std::vector<SafetensorsFile> files_;
-  std::vector<DataFile> data_files_;
-  std::map<std::string, StoredTensor> tensors_;
-  std::vector<StoredItem> other_items_;
-  std::vector<StoredChecksum> checksums_;
+  StoredContents contents_;
   std::vector<std::filesystem::path> description_files_;
 };
 

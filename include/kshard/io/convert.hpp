@@ -51,15 +51,18 @@
 #include "kshard/detail/digest.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/io/checkpoint.hpp"
-#include "kshard/io/convert_options.hpp"
-#include "kshard/io/detail/byte_mover.hpp"
-#include "kshard/io/detail/collective.hpp"
-#include "kshard/io/detail/convert_output.hpp"
-#include "kshard/io/detail/convert_plan.hpp"
-#include "kshard/io/detail/dcp/output.hpp"
-#include "kshard/io/detail/patches.hpp"
+#include "kshard/io/checkpoint/patches.hpp"
+#include "kshard/io/convert/output.hpp"
+#include "kshard/io/engine/byte_mover.hpp"
+#include "kshard/io/engine/collective.hpp"
+#include "kshard/io/engine/conversion_plan.hpp"
+#include "kshard/io/formats/dcp/output.hpp"
+#include "kshard/io/formats/hugging_face/plan.hpp"
+#include "kshard/io/formats/per_rank_shards/plan.hpp"
+#include "kshard/io/model/convert_options.hpp"
 #include "kshard/io/row_patch.hpp"
 #include "kshard/io/run_paths.hpp"
+#include "kshard/io/safetensors/output_file.hpp"
 #include "kshard/mesh.hpp"
 
 namespace kshard::detail {
@@ -74,14 +77,14 @@ inline std::vector<OutputFile> plan_conversion(const io::Checkpoint& model,
       return plan_hf(tensors, options.max_shard_bytes);
     }
     case io::OutputForm::sharded:
-      return plan_shards(output_split(model, options.sharding));
+      return plan_shards(output_split(model.contents(), options.sharding));
     case io::OutputForm::dcp:
-      return plan_dcp(output_split(model, options.sharding), model.other_items());
+      return plan_dcp(output_split(model.contents(), options.sharding), model.other_items());
     case io::OutputForm::as_stored:
       break;
   }
-  return model.form() == io::CheckpointForm::dcp ? plan_dcp_as_stored(model)
-                                                 : plan_as_stored(model);
+  return model.form() == io::CheckpointForm::dcp ? plan_dcp_as_stored(model.contents())
+                                                 : plan_as_stored(model.files(), model.contents());
 }
 
 // The patch of tensor `name`, or nullptr.

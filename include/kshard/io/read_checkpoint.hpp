@@ -30,9 +30,9 @@
 #include "kshard/detail/operation.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/io/checkpoint.hpp"
-#include "kshard/io/detail/read.hpp"
-#include "kshard/io/detail/read_pieces.hpp"
-#include "kshard/io/stored_tensor.hpp"
+#include "kshard/io/checkpoint/read_pieces.hpp"
+#include "kshard/io/model/stored_tensor.hpp"
+#include "kshard/io/safetensors/read.hpp"
 #include "kshard/mesh.hpp"
 
 namespace kshard::detail {

@@ -27,22 +27,12 @@
 #include "kshard/comm/agreement.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/dist_matrix.hpp"
-#include "kshard/io/detail/collective.hpp"
-#include "kshard/io/safetensors_file.hpp"
+#include "kshard/io/engine/collective.hpp"
+#include "kshard/io/model/row_patch.hpp"
+#include "kshard/io/safetensors/file.hpp"
 #include "kshard/kernels/copies.hpp"
 
 namespace kshard::io {
-
-/// Rows `ids` (sorted, unique) of a `rows x cols` matrix of `dtype`, as bytes: row `ids[k]` at
-/// `k * cols * element size`.
-struct RowPatch {
-  std::string name;              ///< the tensor it writes over
-  Dtype dtype = Dtype::F32;      ///< the matrix's element type
-  index_t rows = 0;              ///< the matrix's rows
-  index_t cols = 0;              ///< the matrix's columns
-  std::vector<index_t> ids;      ///< the rows, sorted and unique
-  std::vector<std::byte> bytes;  ///< their values, row-major
-};
 
 /// Collective over the matrix's mesh: rows `ids` (any order, repeats ignored) of `matrix` as the
 /// new value of the same rows of tensor `name`, on every rank. Every rank throws the same

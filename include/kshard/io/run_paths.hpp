@@ -30,8 +30,8 @@
 #include "kshard/comm/agreement.hpp"
 #include "kshard/comm/group.hpp"
 #include "kshard/io/checkpoint.hpp"
-#include "kshard/io/detail/paths.hpp"
-#include "kshard/io/named_path.hpp"
+#include "kshard/io/engine/paths.hpp"
+#include "kshard/io/model/named_path.hpp"
 
 namespace kshard::io {
 

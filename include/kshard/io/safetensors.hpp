@@ -21,13 +21,13 @@
 /// replaced matrix is written by the first copies with one `MPI_File_write_at_all`, then fsync,
 /// close and a rename: the file appears complete under its name or not at all.
 ///
-/// The pieces: io/safetensors_file.hpp opens a file (`SafetensorsFile`), io/tensor_update.hpp
-/// says what a write puts where (`replace`, `replace_rows`); the internals are in io/detail/
-/// (posix.hpp: pread, pwrite, durable files; mpi_file.hpp: MPI-IO; read.hpp, write.hpp,
-/// undo.hpp: the three operations).
+/// The pieces, in io/safetensors/: file.hpp opens a file (`SafetensorsFile`), tensor_update.hpp
+/// says what a write puts where (`replace`, `replace_rows`), read.hpp, write.hpp and undo.hpp
+/// are the three operations, over io/engine/ (posix.hpp: pread, pwrite, durable files;
+/// mpi_file.hpp: MPI-IO).
 ///
 /// Files are untrusted input: the header is validated before any size in it is used (see
-/// safetensors_header.hpp), and every rank throws the same `kshard::error`, with nothing
+/// io/safetensors/header.hpp), and every rank throws the same `kshard::error`, with nothing
 /// written, for a file that is missing, truncated or lies about its contents, and for a tensor
 /// that is missing or whose dtype or shape does not match the matrix. Elements are read as they
 /// are stored: F32 into float, F64 into double, BF16 into kshard::bf16, F16 into kshard::f16;
@@ -51,17 +51,17 @@
 #include "kshard/detail/operation.hpp"
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
-#include "kshard/io/detail/collective.hpp"
-#include "kshard/io/detail/paths.hpp"
-#include "kshard/io/detail/posix.hpp"
-#include "kshard/io/detail/read.hpp"
-#include "kshard/io/detail/undo.hpp"
-#include "kshard/io/detail/write.hpp"
-#include "kshard/io/durability.hpp"
-#include "kshard/io/io_stats.hpp"
-#include "kshard/io/safetensors_file.hpp"
-#include "kshard/io/safetensors_header.hpp"
-#include "kshard/io/tensor_update.hpp"
+#include "kshard/io/engine/collective.hpp"
+#include "kshard/io/engine/io_stats.hpp"
+#include "kshard/io/engine/paths.hpp"
+#include "kshard/io/engine/posix.hpp"
+#include "kshard/io/model/durability.hpp"
+#include "kshard/io/safetensors/file.hpp"
+#include "kshard/io/safetensors/header.hpp"
+#include "kshard/io/safetensors/read.hpp"
+#include "kshard/io/safetensors/tensor_update.hpp"
+#include "kshard/io/safetensors/undo.hpp"
+#include "kshard/io/safetensors/write.hpp"
 #include "kshard/mesh.hpp"
 
 namespace kshard::io {

@@ -21,8 +21,8 @@
 #include "kshard/comm/agreement.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/io/checkpoint.hpp"
-#include "kshard/io/detail/collective.hpp"
-#include "kshard/io/detail/posix.hpp"
+#include "kshard/io/engine/collective.hpp"
+#include "kshard/io/engine/posix.hpp"
 #include "kshard/io/torch/zip.hpp"
 #include "kshard/mesh.hpp"
 

@@ -16,8 +16,6 @@
 // Writing: zip_layout() places each entry's header and data and the trailer; torch_archive()
 // gives the whole of a torch.save archive but one tensor's bytes.
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -32,6 +30,7 @@
 
 #include <fmt/format.h>
 
+#include "kshard/io/engine/crc32.hpp"
 #include "kshard/io/model/dtype.hpp"
 #include "kshard/io/model/messages.hpp"
 
@@ -384,26 +383,6 @@ inline std::uint64_t zip_data_offset(const ZipEntry& entry, std::span<const std:
                    " data bytes at byte ", data, " run past byte ", entry.room_end,
                    ", where the next entry or the central directory begins");
   return data;
-}
-
-// The CRC-32 of `bytes` continuing `crc` (zlib's, as ZIP uses), fed to zlib 1 GiB at a time.
-inline std::uint32_t zip_crc32(std::span<const std::byte> bytes, std::uint32_t crc = 0) {
-  constexpr std::size_t step = std::size_t{1} << 30;
-  uLong value = crc;
-  for (std::size_t at = 0; at < bytes.size(); at += step) {
-    const std::size_t count = std::min(step, bytes.size() - at);
-    value =
-        ::crc32(value, reinterpret_cast<const Bytef*>(bytes.data() + at), static_cast<uInt>(count));
-  }
-  return static_cast<std::uint32_t>(value);
-}
-
-// The CRC-32 of two byte ranges one after the other from the CRC of each (so that ranks, or
-// pieces read one at a time, can check an entry together).
-inline std::uint32_t zip_crc32_combine(std::uint32_t first, std::uint32_t second,
-                                       std::uint64_t second_size) {
-  return static_cast<std::uint32_t>(
-      ::crc32_combine(first, second, static_cast<z_off_t>(second_size)));
 }
 
 // Refuses `entry` when `computed`, the CRC-32 of its data, is not the directory's.

@@ -1,6 +1,6 @@
 #pragma once
-// A higher layer may include a wing's internals; io/ holds the faces of io/detail/.
-#include "kshard/io/detail/mpi_file.hpp"
+// A face may include the floors below it; MPI-IO lives in io/engine/mpi_file.hpp.
+#include "kshard/io/engine/mpi_file.hpp"
 #include "kshard/redistribute/plan.hpp"
 #include "kshard/rowwise.hpp"
 

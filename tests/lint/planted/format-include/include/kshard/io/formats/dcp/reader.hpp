@@ -1,0 +1,3 @@
+#pragma once
+// Its own folder is fine.
+#include "kshard/io/formats/dcp/metadata.hpp"
