@@ -22,6 +22,7 @@
 #include "kshard/detail/operation.hpp"
 #include "kshard/error.hpp"
 #include "kshard/layout_mapping.hpp"
+#include "kshard/matrix_agreement.hpp"
 #include "kshard/mesh.hpp"
 #include "kshard/placement.hpp"
 

@@ -28,6 +28,7 @@
 #include "kshard/kernels/copies.hpp"
 #include "kshard/kernels/host_copy.hpp"
 #include "kshard/layout_mapping.hpp"
+#include "kshard/matrix_agreement.hpp"
 
 namespace kshard {
 

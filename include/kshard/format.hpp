@@ -28,6 +28,7 @@
 #include "kshard/float16.hpp"
 #include "kshard/layout_dispatch.hpp"
 #include "kshard/layout_mapping.hpp"
+#include "kshard/matrix_agreement.hpp"
 #include "kshard/mesh.hpp"
 #include "kshard/placement.hpp"
 

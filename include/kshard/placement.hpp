@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "kshard/axis_split.hpp"
+#include "kshard/comm/reduce_op.hpp"
 #include "kshard/index.hpp"
 
 namespace kshard {
@@ -30,24 +31,6 @@ enum class PlacementKind { replicate, shard, strided_shard, partial, custom };
 /// dimension of `ranks` ranks, given its runtime `factor` (`split_factor()`). Called on the
 /// host when a mapping is built; the `AxisSplit` it returns is what device code evaluates.
 using SplitRule = AxisSplit (*)(index_t extent, index_t factor, index_t ranks, index_t coord);
-
-/// The reduction a `Partial` placement is pending.
-enum class ReduceOp { sum, max, min, avg };
-
-/// Lower-case name of a reduction, as printed by the formatters ("sum", "max", ...).
-constexpr std::string_view to_string(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-      return "sum";
-    case ReduceOp::max:
-      return "max";
-    case ReduceOp::min:
-      return "min";
-    case ReduceOp::avg:
-      return "avg";
-  }
-  return "?";
-}
 
 /// Every rank along the mesh dimension holds the whole extent.
 struct Replicate {

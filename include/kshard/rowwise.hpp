@@ -19,6 +19,7 @@
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
 #include "kshard/kernels/row_norms.hpp"
+#include "kshard/matrix_agreement.hpp"
 
 namespace kshard {
 

@@ -16,8 +16,8 @@
 ///   compile time, the rest (which dimension, shapes, meshes) throws `kshard::error` naming the
 ///   values. Every function that takes a matrix defaults `tp_dim` to the one mesh dimension that
 ///   splits the table's rows or the weight's features, read from the layout type; a `tp_dim` given
-///   that is not that dimension is an error naming both. A bare integer in its place still
-///   compiles, deprecated, for one release.
+///   that is not that dimension is an error naming both. A bare integer in its place does not
+///   compile.
 /// - A linear layer's bias (and bias gradient) is a rank-1 view of this rank's part, or the
 ///   `out x 1` `DistMatrix` of `kshard::distribute_bias` (kshard/tensor_parallel/bias.hpp), split
 ///   like the weight's rows: sharded for a column-parallel layer, replicated for a row-parallel

@@ -1,9 +1,6 @@
-// A bare integer after the ids is never the lookup's scale: it is the deprecated spelling of a
-// tp_dim (an error here, where deprecations are), and once that goes, no call at all. The scale
-// is a floating-point number, the mesh dimension a kshard::TpDim.
+// A bare integer after the ids is no call at all: not the lookup's scale (a floating-point
+// number) nor its tp_dim (a kshard::TpDim; the bare-integer spelling is gone, CHANGELOG.md).
 #include <kshard/kshard.hpp>
-
-#pragma GCC diagnostic error "-Wdeprecated-declarations"
 
 using L = kshard::Layout<kshard::Replicate, kshard::Shard<0>>;
 using Table = kshard::DistMatrix<float, L, Kokkos::DefaultHostExecutionSpace>;

@@ -1,11 +1,9 @@
 // Uses kshard as an application would: a mesh, a sharded matrix, a gather, and the
-// tensor-parallel calls through the old and the new include paths (tensor_parallel_old_paths.cpp,
-// tensor_parallel_new_paths.cpp).
+// tensor-parallel calls through their own headers (tensor_parallel_new_paths.cpp).
 #include <kshard/kshard.hpp>
 
 #include <fmt/format.h>
 
-bool tensor_parallel_through_old_paths(const kshard::Mesh<1>& mesh);
 bool tensor_parallel_through_new_paths(const kshard::Mesh<1>& mesh);
 
 int main(int argc, char** argv) {
@@ -22,9 +20,8 @@ int main(int argc, char** argv) {
     const auto matrix = kshard::distribute(mesh, kshard::Layout(kshard::Shard<0>{}),
                                            kshard::HostMatrix<const double>(full));
     const auto back = kshard::gather(matrix);
-    const bool ok = back(4, 2) == 42.0 && back(0, 1) == 1.0 &&
-                    tensor_parallel_through_old_paths(mesh) &&
-                    tensor_parallel_through_new_paths(mesh);
+    const bool ok =
+        back(4, 2) == 42.0 && back(0, 1) == 1.0 && tensor_parallel_through_new_paths(mesh);
     fmt::print("consumer: {} -> {} (Kokkos {})\n", matrix, ok ? "ok" : "WRONG",
                Kokkos::DefaultExecutionSpace::name());
     status = ok ? 0 : 1;

@@ -1,7 +1,5 @@
-// The tensor-parallel calls of the consumer, made once through the old include paths
-// (tensor_parallel_old_paths.cpp) and once through the new ones
-// (tensor_parallel_new_paths.cpp): it includes no kshard header itself, so each includer must
-// bring every name it uses.
+// The tensor-parallel calls of the consumer (tensor_parallel_new_paths.cpp): it includes no
+// kshard header itself, so its includer must bring every name it uses.
 #pragma once
 
 #include <Kokkos_Core.hpp>

@@ -12,13 +12,13 @@ tables come first; RULES below them names what each rule checks.
 LAYERS = (
     ("floor", ("error.hpp", "detail/*.hpp")),
     ("values", ("index.hpp", "bfloat16.hpp", "float16.hpp", "axis_split.hpp", "placement.hpp",
-                "layout_mapping.hpp", "layout_dispatch.hpp", "log.hpp")),
+                "layout_mapping.hpp", "layout_dispatch.hpp", "log.hpp", "comm/reduce_op.hpp")),
     ("kernels", ("kernels/**",)),
-    ("comm", ("comm/**", "comm_stats.hpp", "watchdog.hpp")),
-    ("matrix", ("mesh.hpp", "dist_matrix.hpp", "distribute.hpp", "format.hpp")),
+    ("comm", ("comm/**", "watchdog.hpp")),
+    ("matrix", ("mesh.hpp", "dist_matrix.hpp", "distribute.hpp", "format.hpp",
+                "matrix_agreement.hpp")),
     ("algorithms", ("redistribute.hpp", "redistribute/**", "rowwise.hpp", "repair.hpp",
-                    "repair/**", "tensor_parallel.hpp", "tensor_parallel/**",
-                    "embedding.hpp", "linear.hpp", "region.hpp", "bias.hpp")),
+                    "repair/**", "tensor_parallel.hpp", "tensor_parallel/**")),
     # io's floors: its vocabulary; the engine that moves bytes, whatever the format; the file
     # encodings formats share (torch.save archives and pickles, safetensors files); one folder
     # per checkpoint format; the faces (io/*.hpp, io.hpp) with their internals' folders.
@@ -30,13 +30,11 @@ LAYERS = (
     ("umbrella", ("kshard.hpp",)),
 )
 # A wing's internals (folder) -> its faces: from the same layer only these, or files in the
-# folder itself, may include them. comm/ is a layer, not a wing. The deprecated forwarding
-# headers (embedding.hpp -> tensor_parallel/embedding.hpp, ...) are faces of their wing.
+# folder itself, may include them. comm/ is a layer, not a wing.
 WINGS = {
     "redistribute/": ("redistribute.hpp",),
     "repair/": ("repair.hpp",),
-    "tensor_parallel/": ("tensor_parallel.hpp", "embedding.hpp", "linear.hpp", "region.hpp",
-                         "bias.hpp"),
+    "tensor_parallel/": ("tensor_parallel.hpp",),
     "io/checkpoint/": ("io/*.hpp", "io/convert/**"),
     "io/convert/": ("io/*.hpp",),
 }
@@ -46,6 +44,9 @@ FLOOR = "detail/**"                               # the floor's files that rule 
 FLOOR_MAY_INCLUDE = ("error.hpp", "detail/**")
 KERNELS = "kernels/**"
 KERNELS_NEVER_INCLUDE = ("comm/**", "mesh.hpp", "dist_matrix.hpp")
+COMM = "comm/**"                                  # moves bytes and agrees; knows no matrices
+COMM_NEVER_INCLUDE = ("placement.hpp", "layout_mapping.hpp", "layout_dispatch.hpp",
+                      "axis_split.hpp")
 MPI_ALLOWED = ("comm/**", "mesh.hpp", "io/engine/mpi_file.hpp")
 MPI_HEADERS = ("mpi.h", "mpi-ext.h")
 MACRO_INCLUDES = {"comm/**": ("KSHARD_COMM_BACKEND_HEADER",)}
@@ -70,6 +71,7 @@ RULES = """
   format-include        a format's folder (FORMATS<name>/) includes no other format's headers.
   floor-include         a file in detail/ includes only kshard/error.hpp and kshard/detail/.
   kernel-reaches-comm   kernels/ never includes comm/, mesh.hpp or dist_matrix.hpp.
+  comm-knows-layouts    comm/ never includes placements or layouts (COMM_NEVER_INCLUDE).
   macro-include         `#include MACRO` only where MACRO_INCLUDES allows it.
   mpi-outside-comm      <mpi.h>, <mpi-ext.h> and MPI_ identifiers only in MPI_ALLOWED (in code:
                         comments and string literals do not count).
@@ -436,6 +438,9 @@ def edge_rule(src, dst):
                                 f"kshard/error.hpp and kshard/detail/, not kshard/{dst}"
     if matches(src, KERNELS) and matches(dst, KERNELS_NEVER_INCLUDE):
         return "kernel-reaches-comm", f"{src} is a kernel and may not include kshard/{dst}"
+    if matches(src, COMM) and matches(dst, COMM_NEVER_INCLUDE):
+        return "comm-knows-layouts", f"{src} is in comm/, which knows no matrices, and may " \
+                                     f"not include kshard/{dst}"
     if format_of(src) and format_of(dst) and format_of(src) != format_of(dst):
         return "format-include", f"{src} is in the format {format_of(src)} and may not include " \
                                  f"kshard/{dst} of the format {format_of(dst)}"

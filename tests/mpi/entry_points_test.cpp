@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "entry_points.hpp"
-#include "kshard/comm/agree.hpp"
+#include "kshard/comm/program_agreement.hpp"
 #include "kshard/kshard.hpp"
 #include "kshard_test.hpp"
 

@@ -22,6 +22,7 @@
 
 #include "kshard/comm/stats.hpp"
 #include "kshard/distribute.hpp"
+#include "kshard/matrix_agreement.hpp"
 #include "kshard/repair.hpp"
 #include "kshard_test.hpp"
 

@@ -11,8 +11,8 @@
 #include <string_view>
 
 #include "console.hpp"
-#include "kshard/comm/agree.hpp"
 #include "kshard/comm/group.hpp"
+#include "kshard/comm/program_agreement.hpp"
 #include "kshard/error.hpp"
 
 namespace kshard_tools {

@@ -21,7 +21,7 @@
 
 #include "../common/command_line.hpp"
 #include "../common/console.hpp"
-#include "kshard/comm/agree.hpp"
+#include "kshard/comm/program_agreement.hpp"
 #include "kshard/error.hpp"
 #include "kshard/io/convert.hpp"
 #include "kshard/io/run_paths.hpp"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kshard/comm/agree.hpp"
+#include "kshard/comm/program_agreement.hpp"
 #include "kshard/io/model/convert_options.hpp"
 
 namespace kshard_convert {

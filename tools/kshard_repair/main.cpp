@@ -15,7 +15,7 @@
 #include <Kokkos_Core.hpp>
 
 #include "../common/command_line.hpp"
-#include "kshard/comm/agree.hpp"
+#include "kshard/comm/program_agreement.hpp"
 #include "kshard/error.hpp"
 #include "kshard/mesh.hpp"
 #include "options.hpp"

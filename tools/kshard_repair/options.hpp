@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kshard/comm/agree.hpp"
+#include "kshard/comm/program_agreement.hpp"
 #include "kshard/index.hpp"
 
 namespace kshard_repair {

@@ -12,7 +12,7 @@
 
 #include <fmt/ranges.h>
 
-#include "kshard/comm/agree.hpp"
+#include "kshard/comm/program_agreement.hpp"
 #include "kshard/error.hpp"
 
 namespace kshard_repair {

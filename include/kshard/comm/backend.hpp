@@ -12,7 +12,7 @@
 #include <concepts>
 
 #include "kshard/comm/mpi.hpp"
-#include "kshard/placement.hpp"
+#include "kshard/comm/reduce_op.hpp"
 
 namespace kshard::comm {
 

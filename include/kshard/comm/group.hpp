@@ -23,8 +23,8 @@
 
 #include "kshard/comm/backend.hpp"
 #include "kshard/comm/mpi.hpp"
+#include "kshard/comm/reduce_op.hpp"
 #include "kshard/detail/operation.hpp"
-#include "kshard/placement.hpp"
 
 // The backend of the data collectives, one header chosen at configure time: it defines
 // `kshard::comm::Backend` (docs/design.md, section 11).

@@ -12,9 +12,9 @@
 #include <cstdint>
 
 #include "kshard/comm/mpi.hpp"
+#include "kshard/comm/reduce_op.hpp"
 #include "kshard/comm/staging.hpp"
 #include "kshard/detail/operation.hpp"
-#include "kshard/placement.hpp"
 
 namespace kshard::comm {
 

@@ -31,6 +31,7 @@
 #include "kshard/io/model/row_patch.hpp"
 #include "kshard/io/safetensors/file.hpp"
 #include "kshard/kernels/copies.hpp"
+#include "kshard/matrix_agreement.hpp"
 
 namespace kshard::io {
 

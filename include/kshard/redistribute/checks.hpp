@@ -15,6 +15,7 @@
 #include "kshard/comm/agreement.hpp"
 #include "kshard/detail/operation.hpp"
 #include "kshard/dist_matrix.hpp"
+#include "kshard/matrix_agreement.hpp"
 #include "kshard/mesh.hpp"
 
 namespace kshard::detail {

@@ -16,6 +16,7 @@
 #include "kshard/detail/element.hpp"
 #include "kshard/index.hpp"
 #include "kshard/layout_mapping.hpp"
+#include "kshard/matrix_agreement.hpp"
 #include "kshard/mesh.hpp"
 #include "kshard/placement.hpp"
 #include "kshard/redistribute/compile.hpp"

@@ -20,6 +20,7 @@
 #include "kshard/detail/operation.hpp"
 #include "kshard/format.hpp"
 #include "kshard/index.hpp"
+#include "kshard/matrix_agreement.hpp"
 #include "kshard/repair/config.hpp"
 #include "kshard/rowwise.hpp"
 

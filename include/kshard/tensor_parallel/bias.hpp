@@ -21,6 +21,7 @@
 #include "kshard/dist_matrix.hpp"
 #include "kshard/distribute.hpp"
 #include "kshard/error.hpp"
+#include "kshard/matrix_agreement.hpp"
 #include "kshard/placement.hpp"
 
 namespace kshard {

@@ -20,6 +20,7 @@
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
 #include "kshard/format.hpp"
+#include "kshard/matrix_agreement.hpp"
 #include "kshard/mesh.hpp"
 #include "kshard/tensor_parallel/tp_dim.hpp"
 

@@ -8,7 +8,6 @@
 
 #include <Kokkos_Core.hpp>
 
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -21,6 +20,7 @@
 #include "kshard/dist_matrix.hpp"
 #include "kshard/error.hpp"
 #include "kshard/format.hpp"
+#include "kshard/matrix_agreement.hpp"
 #include "kshard/mesh.hpp"
 #include "kshard/tensor_parallel/checks.hpp"
 #include "kshard/tensor_parallel/tp_dim.hpp"
@@ -159,39 +159,6 @@ void copy_to_tp_backward(const ExecSpace& space, const Mesh<N>& mesh, TpDim tp_d
 template <class ExecSpace = void, std::size_t N, class View>
 void copy_to_tp_backward(const Mesh<N>& mesh, TpDim tp_dim, const View& grad) {
   reduce_from_tp<ExecSpace>(mesh, tp_dim, grad);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Deprecated, kept for one release: the mesh dimension as a bare integer.
-
-/// \deprecated `reduce_from_tp(space, mesh, kshard::TpDim{tp_dim}, values)`.
-template <class ExecSpace, std::size_t N, std::integral Index, class View>
-[[deprecated("use kshard::TpDim{m}")]] void reduce_from_tp(
-    const ExecSpace& space, const Mesh<N>& mesh, Index tp_dim,
-    const View& values) requires detail::ExecutionSpaceFor<ExecSpace, View> {
-  reduce_from_tp(space, mesh, TpDim{tp_dim}, values);
-}
-
-/// \deprecated `reduce_from_tp<ExecSpace>(mesh, kshard::TpDim{tp_dim}, values)`.
-template <class ExecSpace = void, std::size_t N, std::integral Index, class View>
-[[deprecated("use kshard::TpDim{m}")]] void reduce_from_tp(const Mesh<N>& mesh, Index tp_dim,
-                                                           const View& values) {
-  reduce_from_tp<ExecSpace>(mesh, TpDim{tp_dim}, values);
-}
-
-/// \deprecated `copy_to_tp_backward(space, mesh, kshard::TpDim{tp_dim}, grad)`.
-template <class ExecSpace, std::size_t N, std::integral Index, class View>
-[[deprecated("use kshard::TpDim{m}")]] void copy_to_tp_backward(
-    const ExecSpace& space, const Mesh<N>& mesh, Index tp_dim,
-    const View& grad) requires detail::ExecutionSpaceFor<ExecSpace, View> {
-  copy_to_tp_backward(space, mesh, TpDim{tp_dim}, grad);
-}
-
-/// \deprecated `copy_to_tp_backward<ExecSpace>(mesh, kshard::TpDim{tp_dim}, grad)`.
-template <class ExecSpace = void, std::size_t N, std::integral Index, class View>
-[[deprecated("use kshard::TpDim{m}")]] void copy_to_tp_backward(const Mesh<N>& mesh, Index tp_dim,
-                                                                const View& grad) {
-  copy_to_tp_backward<ExecSpace>(mesh, TpDim{tp_dim}, grad);
 }
 
 }  // namespace kshard

@@ -26,6 +26,7 @@
 #include "kshard/io/engine/mpi_file.hpp"
 #include "kshard/io/safetensors/file.hpp"
 #include "kshard/kernels/host_copy.hpp"
+#include "kshard/matrix_agreement.hpp"
 #include "kshard/mesh.hpp"
 #include "kshard/placement.hpp"
 #include "kshard/redistribute.hpp"

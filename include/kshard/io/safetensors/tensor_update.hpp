@@ -16,6 +16,7 @@
 #include "kshard/dist_matrix.hpp"
 #include "kshard/io/engine/collective.hpp"
 #include "kshard/io/safetensors/file.hpp"
+#include "kshard/matrix_agreement.hpp"
 
 namespace kshard::detail {
 struct UpdateAccess;  // the writes' view of an update (io/safetensors/write.hpp)

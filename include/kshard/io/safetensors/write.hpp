@@ -26,6 +26,7 @@
 #include "kshard/io/engine/posix.hpp"
 #include "kshard/io/safetensors/file.hpp"
 #include "kshard/io/safetensors/tensor_update.hpp"
+#include "kshard/matrix_agreement.hpp"
 
 namespace kshard::detail {
 

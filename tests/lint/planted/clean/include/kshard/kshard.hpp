@@ -1,9 +1,7 @@
 #pragma once
 /// The whole of kshard: `#include <kshard/kshard.hpp>`.
-#include "kshard/comm_stats.hpp"
 #include "kshard/error.hpp"
 #include "kshard/index.hpp"
-#include "kshard/linear.hpp"
 #include "kshard/mesh.hpp"
 #include "kshard/redistribute.hpp"
 #include "kshard/rowwise.hpp"

@@ -1,5 +1,5 @@
 // The agreement programs built on kshard use before their own collectives
-// (kshard/comm/agree.hpp; kshard-repair's command line), at every rank count of the io suite:
+// (kshard/comm/program_agreement.hpp; kshard-repair's command line), at every rank count:
 // arguments that differ on the last rank only, and a problem only the last rank found, are the
 // same kshard::error on every rank, and the next collective runs.
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kshard/comm/agree.hpp"
+#include "kshard/comm/program_agreement.hpp"
 #include "kshard/mesh.hpp"
 #include "kshard_test.hpp"
 

@@ -1,6 +1,6 @@
 // kshard's reader against the reference implementation: files written by PyPI safetensors
-// (tests/io/make_reference.py, run by ctest as io_reference_files) and what safe_open reports
-// about them in reference.json. Skipped when the files were not made.
+// (tests/io/safetensors/make_reference.py, run by ctest as io_reference_files) and what safe_open
+// reports about them in reference.json. Skipped when the files were not made.
 
 #include <gtest/gtest.h>
 
@@ -66,7 +66,8 @@ void expect_as_reported(const SafetensorsHeader& header, const nlohmann::json& r
 TEST(SafetensorsReference, ReadsWhatTheReferenceWrote) {
   const fs::path listing = reference_dir / "reference.json";
   if (!fs::exists(listing))
-    GTEST_SKIP() << "no " << listing << ": tests/io/make_reference.py has not written the "
+    GTEST_SKIP() << "no " << listing
+                 << ": tests/io/safetensors/make_reference.py has not written the "
                  << "reference files (ctest runs it as io_reference_files when python3 can "
                  << "import safetensors and numpy: pip install safetensors numpy)";
   std::ifstream in(listing);

@@ -24,7 +24,7 @@ namespace {
 namespace kd = kshard::detail;
 using Bytes = std::vector<std::byte>;
 
-const std::filesystem::path fixtures = std::filesystem::path(__FILE__).parent_path() / "fixtures";
+const std::filesystem::path fixtures = KSHARD_IO_FIXTURES_DIR;
 
 Bytes read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);

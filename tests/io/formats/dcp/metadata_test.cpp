@@ -30,7 +30,7 @@ namespace detail = kshard::detail;
 namespace io = kshard::io;
 using Shape = std::vector<std::int64_t>;
 
-const std::filesystem::path fixtures = std::filesystem::path(__FILE__).parent_path() / "fixtures";
+const std::filesystem::path fixtures = KSHARD_IO_FIXTURES_DIR;
 
 std::string file_bytes(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);

@@ -1,4 +1,0 @@
-#pragma once
-
-// Deprecated path, kept for one release: include "kshard/comm/stats.hpp".
-#include "kshard/comm/stats.hpp"

@@ -1,4 +1,0 @@
-#pragma once
-
-// Deprecated path, kept for one release: include "kshard/tensor_parallel/linear.hpp".
-#include "kshard/tensor_parallel/linear.hpp"

@@ -1,3 +1,0 @@
-#pragma once
-// Deprecated path: a forwarding header.
-#include "kshard/comm/stats.hpp"

@@ -1,0 +1,2 @@
+#pragma once
+#include "kshard/comm/reduce_op.hpp"
