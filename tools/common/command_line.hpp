@@ -9,11 +9,15 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "console.hpp"
 #include "kshard/comm/group.hpp"
 #include "kshard/comm/program_agreement.hpp"
 #include "kshard/error.hpp"
+#include "kshard/io/model/convert_options.hpp"
 
 namespace kshard_tools {
 
@@ -25,6 +29,19 @@ inline const CLI::Validator non_empty_path(
                           : std::string();
     },
     "PATH");
+
+// `--to FORM` for a command that writes a checkpoint: the forms and their help come from the
+// library's table (io::named_output_forms); `lead` and `tail` frame the list in the help.
+inline CLI::Option* add_output_form(CLI::App& app, std::string& to, std::string_view lead,
+                                    std::string_view tail) {
+  std::vector<std::string> names;
+  std::string help(lead);
+  for (const kshard::io::NamedOutputForm& named : kshard::io::named_output_forms) {
+    help += fmt::format("{}{}: {}", names.empty() ? "" : "; ", named.name, named.writes);
+    names.emplace_back(named.name);
+  }
+  return app.add_option("--to", to, help + std::string(tail))->check(CLI::IsMember(names));
+}
 
 // Defines `options` on `app` and parses the command line into them on every rank (rank 0
 // prints CLI's messages), through the command's own `define`, `parse` and `command_line_texts`

@@ -26,11 +26,8 @@ void define(CLI::App& app, Options& o) {
   app.add_option("OUT", o.out, "the new folder to write (must not exist)")
       ->required()
       ->check(kshard_tools::non_empty_path);
-  app.add_option("--to", o.to,
-                 "hf: a consolidated Hugging Face model (default); sharded: the "
-                 "per-rank shards a job on --mesh with --layout writes; dcp: the PyTorch DCP "
-                 "folder such a job's dcp.save writes")
-      ->check(CLI::IsMember({"hf", "sharded", "dcp"}));
+  kshard_tools::add_output_form(
+      app, o.to, "", " (default hf; the mesh and layouts: --mesh, --layout, --layout-for)");
   app.add_option("--mesh", o.mesh, "the job's mesh for --to sharded or dcp, e.g. 8 or 2x4");
   app.add_option("--layout", o.layout,
                  "its placements, one per mesh dimension, e.g. \"Shard(0)\" or \"Replicate(), "
@@ -52,7 +49,8 @@ void define(CLI::App& app, Options& o) {
 int parse(CLI::App& app, Options& o, int argc, char** argv, bool print) {
   try {
     app.parse(argc, argv);
-    if (o.to == "hf" && (!o.mesh.empty() || !o.layout.empty() || !o.layout_for.empty()))
+    if (!kshard::io::is_per_rank(*kshard::io::output_form_named(o.to)) &&
+        (!o.mesh.empty() || !o.layout.empty() || !o.layout_for.empty()))
       throw CLI::ValidationError("--mesh, --layout and --layout-for", "need --to sharded or dcp");
   } catch (const CLI::ParseError& e) {
     if (print) app.exit(e);
@@ -113,8 +111,8 @@ kshard::io::ConvertOptions convert_options(const Options& o) {
   options.max_shard_bytes = parse_size(o.max_shard_size, "--max-shard-size");
   options.buffer_bytes = parse_size(o.buffer_size, "--buffer-size");
   if (o.no_sync) options.durability = kshard::io::Durability::page_cache;
-  if (o.to == "hf") return options;
-  options.form = o.to == "dcp" ? kshard::io::OutputForm::dcp : kshard::io::OutputForm::sharded;
+  options.form = *kshard::io::output_form_named(o.to);
+  if (!kshard::io::is_per_rank(options.form)) return options;
   options.sharding.mesh = o.mesh.empty() ? std::vector<int>{1} : kshard::parse_mesh_shape(o.mesh);
   options.sharding.layout =
       o.layout.empty() ? std::vector<kshard::PlacementSpec>(options.sharding.mesh.size(),

@@ -16,11 +16,9 @@ void define(CLI::App& app, Options& o) {
                              "write the repaired checkpoint here (a file for a file, a folder "
                              "for a folder)")
                   ->check(kshard_tools::non_empty_path);
-  app.add_option("--to", o.to,
-                 "with --out: hf writes a consolidated Hugging Face model; sharded per-rank "
-                 "safetensors shards, dcp a PyTorch DCP folder, each with the input's split "
-                 "(default: the input's form)")
-      ->check(CLI::IsMember({"hf", "sharded", "dcp"}))
+  kshard_tools::add_output_form(
+      app, o.to, "with --out, the form to write: ",
+      " (per-rank forms with the input's split; default: the input's form)")
       ->needs(out);
   auto* in_place = app.add_flag("--in-place", o.in_place,
                                 "write the repaired rows into MODEL (an undo file is kept)");

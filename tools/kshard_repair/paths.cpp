@@ -13,8 +13,7 @@ namespace kshard_repair {
 namespace io = kshard::io;
 
 bool writes_by_conversion(const Options& options, const io::Checkpoint& model) {
-  return model.form() == io::CheckpointForm::per_rank_shards ||
-         model.form() == io::CheckpointForm::dcp || !options.to.empty();
+  return io::is_per_rank(model.form()) || !options.to.empty();
 }
 
 void check_given_paths(const kshard::comm::Group& group, const Options& options) {

@@ -102,8 +102,7 @@ template <std::size_t N, class M>
 std::vector<std::string> write_result(const Options& options, const io::Checkpoint& model,
                                       const kshard::Mesh<N>& mesh, const std::string& embed,
                                       const M& matrix, const std::vector<index_t>& ids) {
-  const bool in_pieces = model.form() == io::CheckpointForm::per_rank_shards ||
-                         model.form() == io::CheckpointForm::dcp;
+  const bool in_pieces = io::is_per_rank(model.form());
   if (options.in_place && in_pieces) {
     std::vector<std::string> written;
     for (const auto& file :
@@ -126,10 +125,7 @@ std::vector<std::string> write_result(const Options& options, const io::Checkpoi
   std::vector<std::filesystem::path> paths;
   if (writes_by_conversion(options, model)) {
     io::ConvertOptions convert;  // sharded and dcp: no mesh, the input's split
-    convert.form = options.to == "hf"        ? io::OutputForm::hf
-                   : options.to == "sharded" ? io::OutputForm::sharded
-                   : options.to == "dcp"     ? io::OutputForm::dcp
-                                             : io::OutputForm::as_stored;
+    convert.form = io::output_form_named(options.to).value_or(io::OutputForm::as_stored);
     convert.durability = durability;
     paths = io::convert_checkpoint(mesh, model, options.out, convert,
                                    {io::patch_rows(embed, matrix, ids)});

@@ -111,6 +111,37 @@ enum class CheckpointForm : std::uint8_t {
   dcp               ///< PyTorch DCP: `.metadata` and `.distcp` files of torch.save archives
 };
 
+/// A form of checkpoint as kshard names it, what it is, and how its tensors are stored.
+struct NamedCheckpointForm {
+  CheckpointForm form;     ///< the form
+  std::string_view name;   ///< as messages spell it
+  std::string_view holds;  ///< what it is, one phrase
+  bool per_rank;           ///< its tensors in per-rank pieces, as a training job saves them
+};
+
+/// Every form, in the order a folder is recognised (a single file given by its path aside).
+inline constexpr std::array<NamedCheckpointForm, 4> named_checkpoint_forms{{
+    {CheckpointForm::indexed, "indexed", "a Hugging Face folder with an index", false},
+    {CheckpointForm::single_file, "single_file", "one safetensors file", false},
+    {CheckpointForm::dcp, "dcp", "a PyTorch DCP folder", true},
+    {CheckpointForm::per_rank_shards, "per_rank_shards", "per-rank safetensors shards", true},
+}};
+
+/// The name of `form`.
+constexpr std::string_view to_string(CheckpointForm form) {
+  for (const NamedCheckpointForm& named : named_checkpoint_forms)
+    if (named.form == form) return named.name;
+  return "?";
+}
+
+/// True for the forms that store tensors in per-rank pieces (per-rank shards, DCP): their
+/// files beside the weights live in `.hf_metadata/`, and a new copy is written by conversion.
+constexpr bool is_per_rank(CheckpointForm form) {
+  for (const NamedCheckpointForm& named : named_checkpoint_forms)
+    if (named.form == form) return named.per_rank;
+  return false;
+}
+
 /// A checkpoint opened on a mesh: its safetensors files (headers validated), its tensors (where
 /// each piece of each lies), and its config. Collective to open; the queries are local.
 class Checkpoint {

@@ -80,8 +80,7 @@ namespace kshard::io {
 /// itself; none for a single file given by its path. Local.
 [[nodiscard]] inline std::vector<NamedPath> copied_folders(const Checkpoint& model) {
   std::error_code absent;
-  const bool in_pieces =
-      model.form() == CheckpointForm::per_rank_shards || model.form() == CheckpointForm::dcp;
+  const bool in_pieces = is_per_rank(model.form());
   const auto metadata = model.path() / ".hf_metadata";
   if (in_pieces && std::filesystem::is_directory(metadata, absent))
     return {{"folder of side files the run copies", metadata, true}};

@@ -33,21 +33,6 @@ namespace kshard::detail {
 // The folder per-rank shards keep the files beside the weights in (NeMo AutoModel's name).
 inline constexpr std::string_view hf_metadata_folder = ".hf_metadata";
 
-// The form as the command line spells it.
-inline std::string_view form_name(io::OutputForm form) {
-  switch (form) {
-    case io::OutputForm::hf:
-      return "hf";
-    case io::OutputForm::sharded:
-      return "sharded";
-    case io::OutputForm::dcp:
-      return "dcp";
-    case io::OutputForm::as_stored:
-      break;
-  }
-  return "as stored";
-}
-
 // The options as one text (the agreement compares it; messages quote it).
 inline std::string options_text(const io::ConvertOptions& o) {
   const auto layout = [](const std::vector<PlacementSpec>& specs) {
@@ -55,10 +40,10 @@ inline std::string options_text(const io::ConvertOptions& o) {
     for (const PlacementSpec& s : specs) parts.push_back(to_string(s));
     return fmt::format("({})", fmt::join(parts, ", "));
   };
-  std::string text =
-      fmt::format("form {}, max shard {} bytes, buffer {} bytes, durability {}", form_name(o.form),
-                  o.max_shard_bytes, o.buffer_bytes, to_string(o.durability));
-  if (o.form == io::OutputForm::sharded || o.form == io::OutputForm::dcp) {
+  std::string text = fmt::format("form {}, max shard {} bytes, buffer {} bytes, durability {}",
+                                 io::to_string(o.form), o.max_shard_bytes, o.buffer_bytes,
+                                 to_string(o.durability));
+  if (io::is_per_rank(o.form)) {
     text += fmt::format(", mesh ({}), layout {}", fmt::join(o.sharding.mesh, ", "),
                         layout(o.sharding.layout));
     for (const auto& [pattern, specs] : o.sharding.layout_for)
@@ -91,7 +76,7 @@ inline std::optional<std::string> options_problem(const io::ConvertOptions& o) {
     return fmt::format("kshard::io: the buffer of {} bytes is below the 4096 a conversion needs",
                        o.buffer_bytes);
   const auto& mesh = o.sharding.mesh;
-  if ((o.form != io::OutputForm::sharded && o.form != io::OutputForm::dcp) || mesh.empty())
+  if (!io::is_per_rank(o.form) || mesh.empty())
     return std::nullopt;  // no mesh: the split the input is stored in
   std::int64_t world = 1;
   for (const int extent : mesh)
@@ -198,10 +183,9 @@ inline bool weights_name(const std::string& name) { return name.ends_with(".safe
 inline void copy_side_files(const io::Checkpoint& model, const std::filesystem::path& partial,
                             io::OutputForm form) {
   std::error_code ec;
-  const bool from_shards = model.form() == io::CheckpointForm::per_rank_shards ||
-                           model.form() == io::CheckpointForm::dcp;
-  const bool per_rank_out = form == io::OutputForm::sharded || form == io::OutputForm::dcp ||
-                            (form == io::OutputForm::as_stored && from_shards);
+  const bool from_shards = io::is_per_rank(model.form());
+  const bool per_rank_out =
+      io::is_per_rank(form) || (form == io::OutputForm::as_stored && from_shards);
   const auto into = per_rank_out ? partial / hf_metadata_folder : partial;
   if (from_shards) {
     const auto metadata = model.path() / hf_metadata_folder;

@@ -4,9 +4,12 @@
 /// What `io::convert_checkpoint` writes: the output's form, and for per-rank shards or DCP the
 /// mesh and layouts of the job that would have written them.
 
+#include <array>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -22,6 +25,43 @@ enum class OutputForm : std::uint8_t {
   dcp,       ///< a PyTorch DCP folder, as `dcp.save` on `ShardingPlan::mesh` writes it
   as_stored  ///< the input's own files and pieces (a copy; with row patches, a repaired copy)
 };
+
+/// A form a command line may name (`kshard-convert --to`), with what it writes, for help texts.
+struct NamedOutputForm {
+  OutputForm form;          ///< the form
+  std::string_view name;    ///< as a command line spells it
+  std::string_view writes;  ///< what it writes, one phrase
+  bool per_rank;            ///< split by a `ShardingPlan` (a mesh and its layouts)
+};
+
+/// The forms a command line may name, in the order help lists them (`as_stored` is none: it is
+/// the input's own form).
+inline constexpr std::array<NamedOutputForm, 3> named_output_forms{{
+    {OutputForm::hf, "hf", "a consolidated Hugging Face model", false},
+    {OutputForm::sharded, "sharded", "the per-rank shards a job on the chosen mesh writes", true},
+    {OutputForm::dcp, "dcp", "the PyTorch DCP folder such a job's dcp.save writes", true},
+}};
+
+/// The name of `form` ("as_stored" for the input's own form).
+constexpr std::string_view to_string(OutputForm form) {
+  for (const NamedOutputForm& named : named_output_forms)
+    if (named.form == form) return named.name;
+  return "as_stored";
+}
+
+/// The form a command line names `name`, or nothing.
+constexpr std::optional<OutputForm> output_form_named(std::string_view name) {
+  for (const NamedOutputForm& named : named_output_forms)
+    if (named.name == name) return named.form;
+  return std::nullopt;
+}
+
+/// True for the forms split by a `ShardingPlan`: per-rank shards and DCP.
+constexpr bool is_per_rank(OutputForm form) {
+  for (const NamedOutputForm& named : named_output_forms)
+    if (named.form == form) return named.per_rank;
+  return false;
+}
 
 /// How per-rank shards (or a DCP) split the tensors: the mesh of the job that would have written
 /// them, its layout (one placement per mesh dimension: `Replicate()`, `Shard(d)` or
