@@ -354,10 +354,7 @@ class Checkpoint {
   void open_dcp(const comm::Group& group) {
     form_ = CheckpointForm::dcp;
     detail::DcpContents contents = detail::read_dcp_folder(group, path_);
-    contents_.data_files = std::move(contents.files);
-    contents_.tensors = std::move(contents.tensors);
-    contents_.other_items = std::move(contents.other_items);
-    contents_.checksums = std::move(contents.checksums);
+    contents_ = std::move(contents.stored);
     description_files_.insert(description_files_.end(), contents.metadata_files.begin(),
                               contents.metadata_files.end());
   }

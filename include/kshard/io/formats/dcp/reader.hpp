@@ -53,10 +53,7 @@ inline constexpr std::uint64_t dcp_max_data_pickle_bytes = std::uint64_t{1} << 2
 // What a DCP folder holds: its data files (in first use), its tensors, and the names of its
 // non-tensor items (bytes items: steps, learning rates, ...).
 struct DcpContents {
-  std::vector<DataFile> files;
-  std::map<std::string, io::StoredTensor> tensors;
-  std::vector<io::StoredItem> other_items;
-  std::vector<io::StoredChecksum> checksums;          // each piece's storage entry
+  io::StoredContents stored;                          // data files (in first use), tensors, ...
   std::vector<FileReads> reads;                       // every byte rank 0 read, file by file
   std::vector<std::filesystem::path> metadata_files;  // .metadata, or each rank's
 };
@@ -275,20 +272,21 @@ inline DcpContents dcp_contents(const std::filesystem::path& folder) {
   for (const DcpTensorEntry& entry : metadata.tensors) {
     io::StoredTensor tensor{entry.fqn, entry.dtype, entry.size, {}};
     for (const DcpChunk& chunk : entry.chunks)
-      tensor.pieces.push_back(dcp_piece(reader, entry, chunk, contents.checksums));
-    contents.tensors.emplace(entry.fqn, std::move(tensor));
+      tensor.pieces.push_back(dcp_piece(reader, entry, chunk, contents.stored.checksums));
+    contents.stored.tensors.emplace(entry.fqn, std::move(tensor));
   }
   for (const DcpBytesEntry& entry : metadata.bytes_items)
-    if (std::none_of(contents.other_items.begin(), contents.other_items.end(),
+    if (std::none_of(contents.stored.other_items.begin(), contents.stored.other_items.end(),
                      [&](const io::StoredItem& known) { return known.name == entry.fqn; })) {
       const DcpItem item = dcp_item(reader, entry.storage, entry.fqn);  // each rank's may list it
-      contents.other_items.push_back({entry.fqn, item.file, item.offset, item.length});
+      contents.stored.other_items.push_back({entry.fqn, item.file, item.offset, item.length});
     }
-  contents.files = reader.files();
+  contents.stored.data_files = reader.files();
   std::vector<std::string> paths;
-  for (const DataFile& file : contents.files) paths.push_back(file.path.string());
-  for (auto& [name, tensor] : contents.tensors) tile_dcp_tensor(tensor, paths);
-  for (const DataFile& file : contents.files) log.file(file.path, file.size);  // sizes too
+  for (const DataFile& file : contents.stored.data_files) paths.push_back(file.path.string());
+  for (auto& [name, tensor] : contents.stored.tensors) tile_dcp_tensor(tensor, paths);
+  for (const DataFile& file : contents.stored.data_files)
+    log.file(file.path, file.size);  // sizes too
   contents.reads = log.files();
   return contents;
 }
@@ -297,18 +295,19 @@ inline DcpContents dcp_contents(const std::filesystem::path& folder) {
 // other items, the checksums, the log of rank 0's reads and the metadata files.
 inline std::string dcp_contents_text(const DcpContents& contents) {
   nlohmann::json files = nlohmann::json::array(), tensors = nlohmann::json::array();
-  for (const DataFile& file : contents.files) files.push_back({file.path.string(), file.size});
-  for (const auto& [name, tensor] : contents.tensors) {
+  for (const DataFile& file : contents.stored.data_files)
+    files.push_back({file.path.string(), file.size});
+  for (const auto& [name, tensor] : contents.stored.tensors) {
     nlohmann::json pieces = nlohmann::json::array();
     for (const io::StoredPiece& p : tensor.pieces)
       pieces.push_back({p.file, p.offsets, p.shape, p.file_offset, p.strides});
     tensors.push_back({name, io::to_string(tensor.dtype), tensor.shape, std::move(pieces)});
   }
   nlohmann::json checksums = nlohmann::json::array();
-  for (const io::StoredChecksum& c : contents.checksums)
+  for (const io::StoredChecksum& c : contents.stored.checksums)
     checksums.push_back({c.file, c.offset, c.bytes, c.crc32, c.name});
   nlohmann::json items = nlohmann::json::array();
-  for (const io::StoredItem& i : contents.other_items)
+  for (const io::StoredItem& i : contents.stored.other_items)
     items.push_back({i.name, i.file, i.offset, i.bytes});
   std::vector<std::string> metadata_files;
   for (const auto& path : contents.metadata_files) metadata_files.push_back(path.string());
@@ -321,14 +320,15 @@ inline std::string dcp_contents_text(const DcpContents& contents) {
 inline DcpContents dcp_contents_from_text(const std::string& text) {
   const nlohmann::json json = nlohmann::json::parse(text);
   DcpContents contents;
-  for (const auto& file : json[0]) contents.files.push_back({file[0].get<std::string>(), file[1]});
+  for (const auto& file : json[0])
+    contents.stored.data_files.push_back({file[0].get<std::string>(), file[1]});
   for (const auto& t : json[1]) {
     io::StoredTensor tensor{t[0], io::parse_dtype(t[1].get<std::string>()), t[2], {}};
     for (const auto& p : t[3]) tensor.pieces.push_back({p[0], p[1], p[2], p[3], p[4]});
-    contents.tensors.emplace(tensor.name, std::move(tensor));
+    contents.stored.tensors.emplace(tensor.name, std::move(tensor));
   }
-  for (const auto& i : json[2]) contents.other_items.push_back({i[0], i[1], i[2], i[3]});
-  for (const auto& c : json[3]) contents.checksums.push_back({c[0], c[1], c[2], c[3], c[4]});
+  for (const auto& i : json[2]) contents.stored.other_items.push_back({i[0], i[1], i[2], i[3]});
+  for (const auto& c : json[3]) contents.stored.checksums.push_back({c[0], c[1], c[2], c[3], c[4]});
   contents.reads = reads_from_json(json[4]);
   for (const auto& path : json[5]) contents.metadata_files.emplace_back(path.get<std::string>());
   return contents;
